@@ -1,0 +1,172 @@
+"""Contracts shared by sim, world model, runtime and robot bridge (DESIGN.md §3, §5, §6).
+
+Everything here is plain data or a small Protocol; implementations wrap each other rather than subclass.
+Only numpy is imported so that `import acce` stays light.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+# --- observation keys (same in sim, world model and robot) ------------------------------------------------
+IMAGE_PREFIX = "image/"
+"""prefix of camera keys: obs["image/<camera>"] is uint8 (H, W, 3)"""
+STATE_KEY = "state"
+"""proprioception only, float32 (S,): end-effector position, gripper opening; never object poses"""
+INSTRUCTION_KEY = "instruction"
+"""natural-language instruction (str)"""
+TASK_ID_KEY = "task_id"
+"""integer id of the task in the registry, int64; episode stores keep it beside the instruction string"""
+
+SOURCES = ("sim", "imagined", "real", "demo")
+"""where a decision came from (DESIGN.md §6)"""
+
+Obs = dict[str, Any]
+"""one env: {"image/front": (H, W, 3) uint8, "state": (S,) float32, "instruction": str}"""
+BatchObs = dict[str, Any]
+"""N envs: {"image/front": (N, H, W, 3) uint8, "state": (N, S) float32, "instruction": list[str], "task_id": (N,)}"""
+
+
+def image_keys(obs: Mapping[str, Any]) -> list[str]:
+    """Camera keys of an observation, sorted so every component sees them in the same order."""
+    return sorted(k for k in obs if k.startswith(IMAGE_PREFIX))
+
+
+@dataclass
+class VecStep:
+    """Result of one batched env step (N envs).
+
+    Autoreset happens in the same call: where `done` is set, `obs` already holds the first observation of the
+    next episode and `final_obs` the last observation of the finished one (for bootstrapping truncations).
+    """
+
+    obs: BatchObs | None
+    """observation after the step (None when the caller asked for no observation: physics-only steps)"""
+    reward: np.ndarray
+    """(N,) float32 weighted sum of `reward_terms`"""
+    terminated: np.ndarray
+    """(N,) bool: the MDP ended (success or failure state)"""
+    truncated: np.ndarray
+    """(N,) bool: time limit (or imagination gate) cut the episode"""
+    success: np.ndarray
+    """(N,) bool: the task's success predicate at this step (not a reward threshold)"""
+    reward_terms: dict[str, np.ndarray] = field(default_factory=dict)
+    """raw reward terms, each (N,) float32, logged unweighted"""
+    final_obs: dict[int, Obs] = field(default_factory=dict)
+    """env index -> last observation of an episode that ended in this step (only rendered envs)"""
+    episode_success: np.ndarray | None = None
+    """(N,) bool for envs that ended this step: did the episode reach success at any step"""
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+
+@runtime_checkable
+class VectorEnv(Protocol):
+    """Batched env contract shared by the sim vector env and the world model's ImaginedEnv."""
+
+    num_envs: int
+    action_dim: int
+    state_dim: int
+    control_hz: float
+    camera_names: tuple[str, ...]
+    image_size: int
+
+    def reset(self, seeds: Sequence[int] | None = None) -> BatchObs: ...
+
+    def step(self, actions: np.ndarray, render: bool = True) -> VecStep:
+        """actions: (N, A) float32 in [-1, 1]. render=False skips observation rendering (inside a chunk)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LatencyModel(Protocol):
+    """Inference latency in control steps, drawn per request (DESIGN.md §5)."""
+
+    def sample_steps(self) -> int:
+        """d_k = ceil(latency_s * control_hz) for one request."""
+        ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """One method: a batch of observations -> action chunks. Wrappers (executors, recorders) are Policies too."""
+
+    def infer(self, obs: BatchObs) -> dict[str, np.ndarray]:
+        """Returns at least {"actions": (N, H, A) float32 in [-1, 1]}."""
+        ...
+
+
+@dataclass
+class Episode:
+    """One recorded episode (episode store, LeRobotDataset export, world-model training).
+
+    Frame convention: T transitions and T + 1 observation frames. Transition t starts at observation t, executes
+    `action[t]`, and produces `reward[t]`, `success[t]`, `terminated[t]`, `truncated[t]`; observation T is the final
+    one (needed to bootstrap and to train the world model's terminal transition).
+    """
+
+    obs: dict[str, np.ndarray]
+    """image keys (T+1, H, W, 3) uint8 and "state" (T+1, S) float32"""
+    action: np.ndarray
+    """(T, A) float32 in [-1, 1]: the actions that really executed (after latency and safety)"""
+    reward: np.ndarray
+    """(T,) float32"""
+    terminated: np.ndarray
+    """(T,) bool"""
+    truncated: np.ndarray
+    """(T,) bool"""
+    success: np.ndarray
+    """(T,) bool, the success predicate after each transition"""
+    behavior_version: np.ndarray
+    """(T,) int64 weights version that chose each executed action; -1 for experts and humans"""
+    delay_steps: np.ndarray
+    """(T,) int32 inference delay d of the decision whose chunk supplied each executed action"""
+    policy_sampled: np.ndarray
+    """(T,) bool: the executed action is the one the policy sampled (False after a clamp or intervention)"""
+    timestamp_s: np.ndarray
+    """(T+1,) float64 wall-clock time of each observation frame"""
+    instruction: str
+    task: str
+    task_id: int
+    source: str
+    """one of SOURCES"""
+    seed: int
+    episode_id: str
+    wm_version: int = -1
+    """world-model version for imagined episodes, -1 otherwise"""
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.action.shape[0])
+
+    @property
+    def is_success(self) -> bool:
+        return bool(self.success.any())
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field (shapes, dtypes, source)."""
+        t = self.num_steps
+        if self.source not in SOURCES:
+            raise ValueError(f"episode source {self.source!r} is not one of {SOURCES}")
+        if STATE_KEY not in self.obs:
+            raise ValueError("episode obs has no 'state' key")
+        for key, arr in self.obs.items():
+            if arr.shape[0] != t + 1:
+                raise ValueError(f"obs[{key!r}] has {arr.shape[0]} frames, expected T+1 = {t + 1}")
+            if key.startswith(IMAGE_PREFIX) and (arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3):
+                raise ValueError(f"obs[{key!r}] must be uint8 (T+1, H, W, 3), got {arr.dtype} {arr.shape}")
+        for name in ("reward", "terminated", "truncated", "success", "behavior_version", "delay_steps",
+                     "policy_sampled"):
+            arr = getattr(self, name)
+            if arr.shape != (t,):
+                raise ValueError(f"episode field {name} has shape {arr.shape}, expected ({t},)")
+        if self.timestamp_s.shape != (t + 1,):
+            raise ValueError(f"timestamp_s has shape {self.timestamp_s.shape}, expected ({t + 1},)")
+        if not np.all(np.isfinite(self.action)) or np.abs(self.action).max(initial=0.0) > 1.0 + 1e-6:
+            raise ValueError("episode actions must be finite and inside [-1, 1]")

@@ -1,0 +1,102 @@
+"""What a task is: a scene spec, a seeded reset, per-step dynamics, raw reward terms, a success predicate, an
+instruction template set with held-out paraphrases, and a scripted expert with privileged state.
+
+A task is one file in `sim/tasks/` plus one line in the registry (`sim/tasks/__init__.py`).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from sim.scene import CUBE_HALF_M, Scene, SceneSpec
+
+TRAIN_SEEDS = range(0, 1_000_000)
+"""episode seeds used for training and data collection"""
+TEST_SEEDS = range(1_000_000, 1_100_000)
+"""episode seeds reserved for evaluation; disjoint from TRAIN_SEEDS so evaluation never leaks into training"""
+INSTRUCTION_SPLITS = ("train", "heldout")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Knobs shared by every tabletop task (a task may subclass to add its own)."""
+
+    max_steps: int = 50
+    """time limit in control steps; the episode is truncated after it"""
+    control_hz: float = 10.0
+    """control rate; each control step runs round(1 / (control_hz * timestep)) physics steps"""
+    max_step_m: float = 0.03
+    """largest fingertip displacement one action of magnitude 1 commands (m per control step)"""
+
+    def __post_init__(self) -> None:
+        if self.max_steps <= 0:
+            raise ValueError(f"max_steps must be positive, got {self.max_steps}")
+        if self.control_hz <= 0:
+            raise ValueError(f"control_hz must be positive, got {self.control_hz}")
+
+
+class Task(ABC):
+    """One language-conditioned task. Methods receive the Scene; the env owns stepping and rendering."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[TaskConfig]] = TaskConfig
+    train_templates: ClassVar[tuple[str, ...]]
+    """instruction templates used for training (str.format fields come from `reset`)"""
+    heldout_templates: ClassVar[tuple[str, ...]]
+    """paraphrases never used for training; evaluation reports them separately"""
+    reward_weights: ClassVar[dict[str, float]]
+    """reward = sum(weight * term); terms are logged raw"""
+
+    def __init__(self, config: TaskConfig | None = None):
+        self.config = config or self.config_cls()
+        self.fields: dict[str, str] = {}
+
+    @abstractmethod
+    def scene_spec(self) -> SceneSpec: ...
+
+    @abstractmethod
+    def reset(self, scene: Scene, rng: np.random.Generator) -> dict[str, str]:
+        """Randomize the layout (scene already reset) and return the instruction's template fields."""
+
+    def advance(self, scene: Scene, dt_s: float) -> None:
+        """Move whatever moves on its own (dynamic tasks) by one control step, before physics runs."""
+
+    @abstractmethod
+    def reward_terms(self, scene: Scene) -> dict[str, float]: ...
+
+    @abstractmethod
+    def is_success(self, scene: Scene) -> bool: ...
+
+    @abstractmethod
+    def expert_action(self, scene: Scene) -> np.ndarray:
+        """(4,) action in [-1, 1] from privileged state: (dx, dy, dz) tip motion, gripper (+1 close, -1 open)."""
+
+    # --- helpers shared by the tasks ---------------------------------------------------------------------------
+    def move_toward(self, scene: Scene, goal: np.ndarray, grip: float) -> np.ndarray:
+        """Proportional Cartesian action toward a fingertip goal, saturated at one max step."""
+        delta = (np.asarray(goal) - scene.tip_pos) / self.config.max_step_m
+        norm = np.abs(delta).max()
+        if norm > 1.0:
+            delta = delta / norm
+        return np.concatenate([delta, [grip]]).astype(np.float32)
+
+
+def sample_separated_xy(rng: np.random.Generator, n: int, min_dist_m: float, half_extent_m: float = 0.2,
+                        avoid: list[np.ndarray] | None = None, max_tries: int = 1000) -> list[np.ndarray]:
+    """n points in the square [-h, h]^2, pairwise (and from `avoid`) at least min_dist_m apart."""
+    points: list[np.ndarray] = []
+    avoid = list(avoid or [])
+    for _ in range(max_tries):
+        p = rng.uniform(-half_extent_m, half_extent_m, size=2)
+        if all(np.linalg.norm(p - q[:2]) >= min_dist_m for q in points + avoid):
+            points.append(p)
+            if len(points) == n:
+                return points
+    raise RuntimeError(f"could not place {n} objects {min_dist_m} m apart; enlarge the area or reduce objects")
+
+
+def cube_on_table(scene: Scene, color: str) -> bool:
+    return bool(scene.cube_pos(color)[2] < CUBE_HALF_M + 0.005)

@@ -1,0 +1,93 @@
+"""pick_place — "put the red cube on the yellow pad": grasp the named cube, carry it, release it on the pad."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene, SceneSpec
+from sim.task import Task, TaskConfig, sample_separated_xy
+
+CUBES = ("red", "green", "blue")
+PADS = ("yellow", "magenta", "cyan")
+CARRY_Z_M = 0.1
+"""fingertip height for carrying"""
+GRASP_Z_M = 0.006
+"""fingertip height when closing on the cube (cube spans 0 .. 0.04 m)"""
+
+
+@dataclass(frozen=True)
+class PickPlaceConfig(TaskConfig):
+    max_steps: int = 100
+    """time limit in control steps (10 s at 10 Hz)"""
+    success_radius_m: float = PAD_RADIUS_M - 0.01
+    """the cube resting with its centre within this distance of the pad's centre, released, is success"""
+
+
+class PickPlace(Task):
+    name = "pick_place"
+    config_cls = PickPlaceConfig
+    train_templates = ("put the {cube} cube on the {pad} pad", "place the {cube} block onto the {pad} pad",
+                       "pick up the {cube} cube and set it on the {pad} target", "move the {cube} cube to the {pad} pad")
+    heldout_templates = ("lift the {cube} box and drop it on the {pad} disc", "carry the {cube} cube over to the {pad} pad")
+    reward_weights = {"tip_to_cube_m": -0.5, "cube_to_pad_m": -2.0, "lifted": 0.5, "success": 10.0}
+
+    def scene_spec(self) -> SceneSpec:
+        return SceneSpec(cubes=CUBES[:2], pads=PADS[:2])
+
+    def reset(self, scene: Scene, rng: np.random.Generator) -> dict[str, str]:
+        cubes, pads = list(CUBES[:2]), list(PADS[:2])
+        self.cube = cubes[int(rng.integers(2))]
+        self.pad = pads[int(rng.integers(2))]
+        points = sample_separated_xy(rng, 4, 0.12, half_extent_m=0.17)
+        scene.set_cube(self.cube, points[0], yaw_rad=float(rng.uniform(-0.5, 0.5)))
+        scene.set_cube(next(c for c in cubes if c != self.cube), points[1], yaw_rad=float(rng.uniform(-0.5, 0.5)))
+        scene.set_pad(self.pad, points[2])
+        scene.set_pad(next(p for p in pads if p != self.pad), points[3])
+        start = np.array([*rng.uniform(-0.15, 0.15, size=2), rng.uniform(0.1, 0.18)])
+        scene.place_gripper(start, opening01=1.0)
+        return {"cube": self.cube, "pad": self.pad}
+
+    def _cube_to_pad(self, scene: Scene) -> float:
+        return float(np.linalg.norm(scene.cube_pos(self.cube)[:2] - scene.pad_pos(self.pad)[:2]))
+
+    def _holding(self, scene: Scene) -> bool:
+        near = np.linalg.norm(scene.cube_pos(self.cube) - (scene.tip_pos + [0, 0, CUBE_HALF_M])) < 0.03
+        return bool(near and 0.25 < scene.finger_opening < 0.75)
+
+    def reward_terms(self, scene: Scene) -> dict[str, float]:
+        return {"tip_to_cube_m": float(np.linalg.norm(scene.tip_pos - scene.cube_pos(self.cube))),
+                "cube_to_pad_m": self._cube_to_pad(scene),
+                "lifted": float(scene.cube_pos(self.cube)[2] > CUBE_HALF_M + 0.02),
+                "success": float(self.is_success(scene))}
+
+    def is_success(self, scene: Scene) -> bool:
+        resting = scene.cube_pos(self.cube)[2] < CUBE_HALF_M + 0.005
+        return bool(self._cube_to_pad(scene) < self.config.success_radius_m and resting
+                    and scene.finger_opening > 0.8)
+
+    def expert_action(self, scene: Scene) -> np.ndarray:
+        tip, cube, pad = scene.tip_pos, scene.cube_pos(self.cube), scene.pad_pos(self.pad)
+        if self._holding(scene) and cube[2] > CUBE_HALF_M - 0.01:
+            if np.linalg.norm(tip[:2] - pad[:2]) > 0.012:
+                # lift straight up first, then carry at a safe height
+                low = tip[2] < CARRY_Z_M - 0.02
+                goal = np.array([*tip[:2], CARRY_Z_M]) if low else np.array([*pad[:2], CARRY_Z_M])
+                return self.move_toward(scene, goal, grip=1.0)
+            if tip[2] > GRASP_Z_M + 0.01:
+                return self.move_toward(scene, np.array([*pad[:2], GRASP_Z_M]), grip=1.0)
+            return self.move_toward(scene, tip, grip=-1.0)  # over the pad and low: release
+        xy_err = np.linalg.norm(tip[:2] - cube[:2])
+        if cube[2] < CUBE_HALF_M + 0.005 and self._cube_to_pad(scene) < self.config.success_radius_m:
+            # released on the pad: open fully and back off upward
+            return self.move_toward(scene, np.array([*tip[:2], CARRY_Z_M]), grip=-1.0)
+        if xy_err > 0.008:
+            z = CARRY_Z_M if xy_err > 0.02 else tip[2]
+            if tip[2] < 0.06 and xy_err > 0.02:
+                return self.move_toward(scene, np.array([*tip[:2], CARRY_Z_M]), grip=-1.0)
+            return self.move_toward(scene, np.array([*cube[:2], z]), grip=-1.0)
+        if tip[2] > GRASP_Z_M + 0.006 and scene.finger_opening > 0.8:
+            return self.move_toward(scene, np.array([*cube[:2], GRASP_Z_M]), grip=-1.0)
+        if scene.finger_opening > 0.7:
+            return self.move_toward(scene, np.array([*cube[:2], GRASP_Z_M]), grip=1.0)  # close at the bottom
+        return self.move_toward(scene, np.array([*cube[:2], CARRY_Z_M]), grip=1.0)  # closed: lift
