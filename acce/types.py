@@ -58,6 +58,9 @@ class VecStep:
     """env index -> last observation of an episode that ended in this step (only rendered envs)"""
     episode_success: np.ndarray | None = None
     """(N,) bool for envs that ended this step: did the episode reach success at any step"""
+    info: dict[str, np.ndarray] = field(default_factory=dict)
+    """per-env extras, each (N,): "episode_return", "episode_length" (valid where done), "task_id", "seed"
+    (of the episode that was running during this step)"""
 
     @property
     def done(self) -> np.ndarray:
@@ -78,7 +81,12 @@ class VectorEnv(Protocol):
     def reset(self, seeds: Sequence[int] | None = None) -> BatchObs: ...
 
     def step(self, actions: np.ndarray, render: bool = True) -> VecStep:
-        """actions: (N, A) float32 in [-1, 1]. render=False skips observation rendering (inside a chunk)."""
+        """actions: (N, A) float32 in [-1, 1]. render=False skips observation rendering (inside a chunk);
+        envs that finish are reset in the same call and their final observation is in `final_obs`."""
+        ...
+
+    def observe(self, indices: Sequence[int] | None = None) -> BatchObs:
+        """Render the current observation of some envs (all when None), rows in the order of `indices`."""
         ...
 
     def close(self) -> None: ...

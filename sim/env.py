@@ -59,7 +59,7 @@ class TabletopEnv(gym.Env):
         self.state_dim, self.action_dim = STATE_DIM, ACTION_DIM
         obs_spaces: dict[str, spaces.Space] = {
             f"image/{c}": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8) for c in self.cameras}
-        obs_spaces[STATE_KEY] = spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)
+        obs_spaces[STATE_KEY] = spaces.Box(-10.0, 10.0, (STATE_DIM,), np.float32)  # m, m/s, [0, 1]: far inside
         obs_spaces[INSTRUCTION_KEY] = spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET)
         self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)

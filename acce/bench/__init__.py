@@ -1,0 +1,60 @@
+"""Benchmarks are commands: `acce bench NAME --out F.json` writes JSON (with machine facts) and prints a table.
+
+Each benchmark is a function (config, args) -> dict registered in BENCHES; heavy imports happen inside it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+BenchFn = Callable[[Any, Any], dict]
+
+
+def _bench_sim(cfg, args) -> dict:
+    from sim.bench import run_sim_bench
+    return run_sim_bench(tuple(cfg.env.tasks), num_envs=cfg.env.num_envs, chunk=args.chunk,
+                         max_workers=args.workers, duration_s=args.duration_s)
+
+
+BENCHES: dict[str, BenchFn] = {"sim": _bench_sim}
+"""name -> benchmark function"""
+
+
+def machine_facts() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def format_table(result: dict) -> str:
+    rows = [(k, f"{v:,.1f}" if isinstance(v, float) else str(v)) for k, v in flatten(result).items()]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def run_bench(name: str, cfg, args, out: str | None) -> dict:
+    if name not in BENCHES:
+        raise SystemExit(f"unknown benchmark {name!r}; available: {', '.join(sorted(BENCHES))}")
+    result = {"bench": name, "machine": machine_facts(), "result": BENCHES[name](cfg, args)}
+    print(format_table(result["result"]))
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(path)
+        print(f"wrote {path}")
+    return result

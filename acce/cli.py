@@ -1,0 +1,130 @@
+"""The `acce` console script. Subcommands parse their own flags, then load the config (preset + dotted overrides).
+
+    acce tasks
+    acce collect --task reach --policy expert --episodes 100 --out data/reach.zarr
+    acce bench sim --out bench/sim.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from acce.configlib import ConfigError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML preset (configs/*.yaml); defaults from acce/config.py")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.num_envs=16 learner.lr=3e-4")
+
+
+def _load(args, extra: list[str] | None = None):
+    from acce.config import load
+    return load(args.config, list(args.overrides) + list(extra or []))
+
+
+def cmd_tasks(args) -> int:
+    from acce.wiring import task_table
+    rows = task_table()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['task']}  ({r['gym_id']}, id {r['task_id']}, {r['max_steps']} steps at {r['control_hz']:g} Hz)")
+        print(f"    {r['doc']}")
+        print("    train:    " + " | ".join(r["train_instructions"]))
+        print("    held-out: " + " | ".join(r["heldout_instructions"]))
+    try:
+        from sim.metaworld_env import metaworld_task_names
+        names = metaworld_task_names()
+        print(f"metaworld/<name> ({len(names)} Meta-World v3 tasks, e.g. {', '.join(names[:4])}, ...)")
+    except ImportError:
+        pass
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from acce.collect import collect, format_summary
+    from acce.store.episodes import EpisodeStore
+    from acce.wiring import make_sim_env
+
+    extra = []
+    if args.task:
+        extra.append(f"collect.tasks=[{','.join(args.task)}]")
+    for flag in ("policy", "episodes", "out", "noise_std", "noisy_fraction", "seeds", "num_envs"):
+        value = getattr(args, flag)
+        if value is not None:
+            extra.append(f"collect.{flag}={value}")
+    cfg = _load(args, extra)
+    c = cfg.collect
+    store = EpisodeStore.open_or_create(
+        c.out, image_shapes={f"image/{cam}": (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
+        state_dim=7, action_dim=4, control_hz=10.0)
+    before = len(store)
+
+    def make_env(tasks, num_envs, **kw):
+        return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+
+    summary = collect(c, make_env, store, seed=cfg.run.seed)
+    print(format_summary(summary))
+    print(f"{c.out}: {len(store)} episodes ({len(store) - before} new), seeds={c.seeds}, "
+          f"instructions={c.instruction_split}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from acce.bench import run_bench
+    cfg = _load(args)
+    run_bench(args.name, cfg, args, args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="acce", description="Asynchronous RL for vision-language-action robot "
+                                     "policies (MuJoCo + world model rollouts, delay-aware learner, robot bridge).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("tasks", help="list tasks with their instructions (train and held-out paraphrases)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_tasks)
+
+    p = sub.add_parser("collect", help="record scripted-expert episodes into a zarr episode store")
+    p.add_argument("--task", action="append", help="task to record (repeat for several); default collect.tasks")
+    p.add_argument("--policy", default=None, help="'expert' (scripted, privileged state)")
+    p.add_argument("--episodes", type=int, default=None, help="episodes in total")
+    p.add_argument("--out", default=None, help="zarr store directory (appended to if it exists)")
+    p.add_argument("--noise-std", dest="noise_std", type=float, default=None, help="expert action noise")
+    p.add_argument("--noisy-fraction", dest="noisy_fraction", type=float, default=None,
+                   help="fraction of episodes recorded with noise")
+    p.add_argument("--seeds", choices=("train", "test"), default=None, help="layout seed range")
+    p.add_argument("--num-envs", dest="num_envs", type=int, default=None, help="envs stepped together")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_collect)
+
+    p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
+    p.add_argument("name", help="benchmark: sim")
+    p.add_argument("--out", default=None, help="JSON result file")
+    p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
+    p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")
+    p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0, help="[sim] seconds per measurement")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except ConfigError as exc:
+        print(f"acce {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

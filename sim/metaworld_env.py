@@ -1,0 +1,292 @@
+"""Meta-World v3 tasks behind the same single-env contract as our tabletop tasks (DESIGN.md §3).
+
+    env = make_metaworld_env("reach-v3")          # or "metaworld/reach-v3"
+    obs, info = env.reset(seed=0)                 # the seed picks the task variation (object / goal positions)
+    obs, reward, terminated, truncated, info = env.step(env.expert_action())
+    env.close()
+
+Observation: {"image/front": (H, W, 3) uint8, "state": (4,) float32, "instruction": str}. The state is
+proprioception only: hand xyz and gripper opening, the first 4 entries of Meta-World's 39-d observation. Object and
+goal positions are NOT in it; the policy has to see them (the goal is drawn as a small sphere site in the image).
+Actions: (4,) float32 in [-1, 1] = hand xyz delta + gripper effort, which is Meta-World's own action space.
+
+How Meta-World is driven (metaworld 3.0.0):
+  - the env class comes from `metaworld.env_dict.ALL_V3_ENVIRONMENTS[name]`, built with our image size;
+  - task variations: instead of MT1's fixed list of 50 pickled tasks we switch on Meta-World's own seeded sampling
+    (`seeded_rand_vec`), which draws object/goal positions from the env's `np_random`. We hand it our gymnasium
+    generator, so `reset(seed=s)` picks one variation deterministically and later unseeded resets continue that
+    stream (the gymnasium seeding contract `check_env` tests);
+  - the goal is kept in the privileged 39-d observation (`_partially_observable = False`, as in MT1) because the
+    scripted experts in `metaworld.policies.ENV_POLICY_MAP` read it; the policy never sees that vector;
+  - rendering uses `mujoco.Renderer` on Meta-World's model directly (not gymnasium's MujocoRenderer) so that
+    physics-only steps (`step_no_render`) and rendering (`observe`) are separate calls for the vector env.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import string
+import warnings
+from typing import Any
+
+# Why here: mujoco picks its GL backend at import time and workers have no display; EGL (Mesa llvmpipe on CPU
+# machines) works headless. setdefault keeps any backend the user chose.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+from gymnasium import spaces  # noqa: E402
+
+TASK_PREFIX = "metaworld/"
+"""registry prefix of Meta-World task names: "metaworld/reach-v3" """
+DEFAULT_CAMERA = "corner"
+"""Meta-World camera behind `image/front`: the closest fixed view with the table, arm, object and goal in frame
+(at 64x64 "corner2"/"corner3" leave the puck 1-2 pixels wide)"""
+INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " " + string.punctuation
+"""characters an instruction may contain (gymnasium Text space)"""
+STATE_DIM = 4
+"""hand xyz + gripper opening"""
+
+# Hand-written instructions for the common families; anything else falls back to the task name in words.
+_INSTRUCTIONS = {
+    "reach": "reach the goal position",
+    "reach-wall": "reach the goal position behind the wall",
+    "push": "push the puck to the goal",
+    "push-wall": "push the puck around the wall to the goal",
+    "push-back": "push the puck back to the goal",
+    "pick-place": "pick up the puck and place it at the goal",
+    "pick-place-wall": "pick up the puck, lift it over the wall and place it at the goal",
+    "door-open": "open the door",
+    "door-close": "close the door",
+    "door-lock": "lock the door",
+    "door-unlock": "unlock the door",
+    "drawer-open": "open the drawer",
+    "drawer-close": "close the drawer",
+    "button-press": "press the button",
+    "window-open": "open the window",
+    "window-close": "close the window",
+    "faucet-open": "open the faucet",
+    "faucet-close": "close the faucet",
+    "peg-insert-side": "insert the peg into the hole from the side",
+    "basketball": "put the ball into the basket",
+    "sweep-into": "sweep the puck into the hole",
+    "coffee-button": "press the button on the coffee machine",
+    "shelf-place": "pick up the puck and place it on the shelf",
+}
+
+
+def _bare_name(name: str) -> str:
+    return name[len(TASK_PREFIX):] if name.startswith(TASK_PREFIX) else name
+
+
+def _v3_envs() -> dict:
+    # Imported lazily: metaworld imports every task module, too heavy for code that only lists names.
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+    return ALL_V3_ENVIRONMENTS
+
+
+def metaworld_task_names() -> list[str]:
+    """All Meta-World v3 tasks as registry names ("metaworld/reach-v3", ...), sorted."""
+    return sorted(TASK_PREFIX + name for name in _v3_envs())
+
+
+def metaworld_instruction(name: str) -> str:
+    """Instruction for a task: a template for known families, else the name in words.
+
+    "reach-v3" -> "reach the goal position"; "button-press-topdown-v3" -> "button press topdown".
+    """
+    family = _bare_name(name).rsplit("-v", 1)[0]
+    return _INSTRUCTIONS.get(family, family.replace("-", " "))
+
+
+def _rotate_camera_upright(model: mujoco.MjModel, data: mujoco.MjData, cam_id: int) -> None:
+    """Roll the camera 180 degrees about its optical axis if its image "up" points down in the world.
+
+    Why: Meta-World's corner cameras are defined with an up axis pointing at the floor, so their images come out
+    upside down. Rolling the camera (rather than flipping the array) keeps the image a true, non-mirrored view; a
+    vertical flip alone would mirror left and right.
+    """
+    mujoco.mj_kinematics(model, data)
+    mujoco.mj_camlight(model, data)  # camera frames are computed here, not in mj_kinematics
+    up_world = data.cam_xmat[cam_id].reshape(3, 3)[:, 1]  # camera y axis = image up
+    if up_world[2] < 0:
+        rolled = np.zeros(4)
+        mujoco.mju_mulQuat(rolled, model.cam_quat[cam_id].copy(), np.array([0.0, 0.0, 0.0, 1.0]))
+        model.cam_quat[cam_id] = rolled
+        mujoco.mj_camlight(model, data)
+
+
+class MetaWorldEnv(gym.Env):
+    """One Meta-World v3 task with pixels + proprioception + instruction (see module docstring).
+
+    `step` == `step_no_render` followed by `observe`; the vector env calls the two halves separately so that the
+    steps inside an action chunk skip rendering.
+    """
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, name: str, image_size: int = 64, max_episode_steps: int | None = None,
+                 camera: str = DEFAULT_CAMERA, antialias: bool = True, render_mode: str | None = None):
+        bare = _bare_name(name)
+        envs = _v3_envs()
+        if bare not in envs:
+            close = difflib.get_close_matches(bare, list(envs), n=5, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "see metaworld_task_names()"
+            raise ValueError(f"unknown Meta-World task {name!r}: {hint}")
+        if image_size < 1:
+            raise ValueError(f"image_size must be >= 1 pixel, got {image_size}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+
+        self.env_name = bare
+        self.task_name = TASK_PREFIX + bare
+        self.instruction = metaworld_instruction(bare)
+        self.image_size = int(image_size)
+        self.render_mode = render_mode
+
+        # width/height size the offscreen framebuffer that our renderer draws into.
+        self._env = envs[bare](width=self.image_size, height=self.image_size)
+        # Switch from "frozen task from set_task" to Meta-World's seeded sampling (see module docstring).
+        self._env._set_task_called = True
+        self._env._freeze_rand_vec = False
+        self._env.seeded_rand_vec = True
+        self._env._partially_observable = False
+        self._env.__dict__.pop("sawyer_observation_space", None)  # cached_property: recompute with the goal
+
+        self.max_episode_steps = int(max_episode_steps or self._env.max_path_length)
+        if self.max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        # Meta-World raises if stepped past its own horizon; make its horizon ours so only we truncate.
+        self._env.max_path_length = self.max_episode_steps
+
+        model = self._env.model
+        self.control_hz = 1.0 / (self._env.frame_skip * model.opt.timestep)
+        self.metadata = {**self.metadata, "render_fps": self.control_hz}
+        self.state_dim = STATE_DIM
+        self.action_dim = int(self._env.action_space.shape[0])
+
+        self._cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        if self._cam_id < 0:
+            names = [model.camera(i).name for i in range(model.ncam)]
+            raise ValueError(f"Meta-World has no camera {camera!r}; cameras: {', '.join(names)}")
+        self.camera = camera
+        _rotate_camera_upright(model, self._env.data, self._cam_id)
+        # Speed, measured at 64x64 on llvmpipe (2 cores, push-v3): shadows on 19 fps; off 67; reflections also off
+        # 82 (no visible change at this size); MSAA also off 223 (jaggier edges, small objects flicker more).
+        model.light_castshadow[:] = 0
+        model.mat_reflectance[:] = 0
+        if not antialias:
+            model.vis.quality.offsamples = 0  # read when the renderer's GL context is created
+        self.antialias = antialias
+        self._renderer: mujoco.Renderer | None = None  # created on first render: no GL context until needed
+
+        self.observation_space = spaces.Dict({
+            "image/front": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
+            "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
+            "instruction": spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET),
+        })
+        self.action_space = spaces.Box(-1.0, 1.0, (self.action_dim,), np.float32)
+
+        self._expert = None
+        self._mw_obs: np.ndarray | None = None  # (39,) float64 privileged Meta-World observation
+        self._steps = 0
+        self._needs_reset = True
+
+    # --- gymnasium API ------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        """Start an episode; `seed` selects the object/goal variation (same seed, same first observation)."""
+        super().reset(seed=seed)
+        # One generator for everything random: Meta-World samples the variation from ours.
+        self._env.np_random = self.np_random
+        self._mw_obs, _ = self._env.reset()
+        self._steps = 0
+        self._needs_reset = False
+        return self.observe(), {"success": False}
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
+        reward, terminated, truncated, info = self.step_no_render(action)
+        return self.observe(), reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray | None:
+        """The front camera image (render_mode "rgb_array"); None without a render mode, as gymnasium expects."""
+        if self.render_mode == "rgb_array":
+            return self._render_image()
+        return None
+
+    def close(self) -> None:
+        """Free the GL context and Meta-World's env; safe to call twice."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    # --- split step for lazy rendering --------------------------------------------------------------------
+    def step_no_render(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """Advance physics one control step; returns (reward, terminated, truncated, info), no observation.
+
+        info["success"] is Meta-World's success predicate; info["reward_terms"] its raw reward terms. The reward is
+        Meta-World's shaped reward (0..10), which combines the terms non-linearly rather than as a weighted sum.
+        terminated is True on success; truncated when `max_episode_steps` is reached without success.
+        """
+        if self._needs_reset:
+            raise RuntimeError(f"{self.task_name}: call reset() before step() (and after an episode ends)")
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != (self.action_dim,) or not np.all(np.isfinite(action)):
+            raise ValueError(f"{self.task_name}: action must be {self.action_dim} finite numbers in [-1, 1], "
+                             f"got {action}")
+        self._mw_obs, reward, _, _, mw_info = self._env.step(np.clip(action, -1.0, 1.0))
+        self._steps += 1
+        success = bool(mw_info["success"])
+        terminated = success
+        # Why exclusive: a success on the last step is a terminal state, not a cut-off to bootstrap through.
+        truncated = not terminated and self._steps >= self.max_episode_steps
+        self._needs_reset = terminated or truncated
+        reward_terms = {k: float(v) for k, v in mw_info.items() if k not in ("success", "unscaled_reward")}
+        return float(reward), terminated, truncated, {"success": success, "reward_terms": reward_terms}
+
+    def observe(self) -> dict[str, Any]:
+        """Render the camera and read proprioception for the current physics state."""
+        return {
+            "image/front": self._render_image(),
+            "state": self._mw_obs[:STATE_DIM].astype(np.float32),
+            "instruction": self.instruction,
+        }
+
+    # --- privileged helpers -------------------------------------------------------------------------------
+    def expert_action(self) -> np.ndarray:
+        """Meta-World's scripted policy for this task on the privileged observation: (4,) float32 in [-1, 1]."""
+        if self._mw_obs is None:
+            raise RuntimeError(f"{self.task_name}: call reset() before expert_action()")
+        if self._expert is None:
+            from metaworld.policies import ENV_POLICY_MAP
+
+            self._expert = ENV_POLICY_MAP[self.env_name]()
+        with warnings.catch_warnings():
+            # Why: the scripted policies use large gains and warn on every call that the env will clip them.
+            warnings.filterwarnings("ignore", message="Constant\\(s\\) may be too high")
+            action = self._expert.get_action(self._mw_obs)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    @property
+    def privileged_obs(self) -> np.ndarray:
+        """Meta-World's full (39,) observation (object and goal poses); for experts and debugging only."""
+        return self._mw_obs.copy()
+
+    def _render_image(self) -> np.ndarray:
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self._env.model, self.image_size, self.image_size)
+        self._renderer.update_scene(self._env.data, camera=self._cam_id)
+        return self._renderer.render()  # (H, W, 3) uint8, a fresh array per call
+
+
+def make_metaworld_env(name: str, image_size: int = 64, max_episode_steps: int | None = None,
+                       antialias: bool = True) -> MetaWorldEnv:
+    """Build a Meta-World task by name ("reach-v3" or "metaworld/reach-v3"); unknown names list close matches.
+
+    antialias=False renders ~2.7x faster on CPU at 64x64 at the cost of aliased edges.
+    """
+    return MetaWorldEnv(name, image_size=image_size, max_episode_steps=max_episode_steps, antialias=antialias)

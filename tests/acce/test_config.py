@@ -1,0 +1,82 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from acce.config import Config, EnvConfig, load
+from acce.configlib import ConfigError, field_docs, parse_overrides, save_config
+
+
+def test_defaults_and_overrides():
+    cfg = load(overrides=["env.num_envs=3", "env.tasks=[reach,track]", "run.name=x"])
+    assert cfg.env.num_envs == 3 and cfg.env.tasks == ("reach", "track") and cfg.run.name == "x"
+    assert load().env == EnvConfig()
+
+
+def test_preset_then_override(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("env:\n  num_envs: 5\n  image_size: 32\n")
+    cfg = load(preset, ["env.num_envs=6"])
+    assert (cfg.env.num_envs, cfg.env.image_size) == (6, 32)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.num_env=3", "did you mean 'env.num_envs'"),
+    ("evn.num_envs=3", "did you mean 'env'"),
+    ("collect.episodez=3", "did you mean 'collect.episodes'"),
+])
+def test_typos_get_a_hint(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load(overrides=[override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.num_envs=abc", "env.num_envs"),
+    ("env.num_envs=0", "must be positive"),
+    ("env.tasks=[reach,flyy]", "unknown task"),
+    ("collect.seeds=both", "'train' or 'test'"),
+    ("env=3", "is a section"),
+    ("novalue", "section.key=value"),
+])
+def test_bad_values_fail_with_one_clear_line(override, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load(overrides=[override])
+    assert "\n" not in str(info.value)
+
+
+def test_missing_and_malformed_preset(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load(bad)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load(overrides=["env.task_params={track: {ball_speed_mps: 0.2}}", "env.tasks=[track]"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load(tmp_path / "config.yaml") == cfg
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["env"]["tasks"] == ["track"]
+
+
+def test_override_values_are_yaml():
+    assert parse_overrides(["a.b=[1, 2]", "c=true", "d=text"]) == [("a.b", [1, 2]), ("c", True), ("d", "text")]
+
+
+def test_every_config_field_has_a_docstring():
+    import dataclasses
+    for section in dataclasses.fields(Config):
+        cls = section.type if isinstance(section.type, type) else getattr(__import__("acce.config", fromlist=["_"]),
+                                                                           section.type)
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in docs]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_import_acce_is_light():
+    code = ("import acce, acce.types, acce.config, acce.cli, acce.configlib, acce.collect, acce.bench, sys; "
+            "heavy = [m for m in ('ray', 'mujoco', 'lerobot', 'torch') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)

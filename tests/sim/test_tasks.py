@@ -1,0 +1,150 @@
+"""Every registered task, parametrized: spec, determinism, experts, instruction splits, gymnasium checker."""
+import string
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import sim
+from acce.config import KNOWN_TASKS
+from sim.env import ACTION_DIM, STATE_DIM, TabletopEnv
+from sim.task import TEST_SEEDS, TRAIN_SEEDS
+from sim.tasks import GYM_IDS, TASKS
+
+TASK_NAMES = sorted(TASKS)
+
+
+@pytest.fixture
+def make_env():
+    envs = []
+
+    def make(*args, **kwargs):
+        envs.append(TabletopEnv(*args, **kwargs))
+        return envs[-1]
+    yield make
+    for e in envs:
+        e.close()
+
+
+def test_registry_lists_agree():
+    assert set(TASKS) == set(sim.TASK_NAMES) == set(KNOWN_TASKS)
+    assert len(TASKS) >= 4 and "track" in TASKS
+
+
+def test_seed_ranges_are_disjoint():
+    assert TRAIN_SEEDS.stop <= TEST_SEEDS.start
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_reset_and_step_match_the_spec(task, make_env):
+    env = make_env(task, image_size=48)
+    obs, info = env.reset(seed=1)
+    assert set(obs) == {"image/front", "state", "instruction"}
+    assert obs["image/front"].shape == (48, 48, 3) and obs["image/front"].dtype == np.uint8
+    assert obs["state"].shape == (STATE_DIM,) and obs["state"].dtype == np.float32
+    assert isinstance(obs["instruction"], str) and obs["instruction"]
+    assert obs["image/front"].std() > 5, "the camera sees a textured scene, not a blank frame"
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        obs, reward, terminated, truncated, info = env.step(rng.uniform(-1, 1, ACTION_DIM).astype(np.float32))
+        assert np.isfinite(obs["state"]).all() and np.isfinite(reward)
+        assert isinstance(terminated, bool) and isinstance(truncated, bool)
+        assert set(info["reward_terms"]) == set(env.task.reward_weights)
+        assert reward == pytest.approx(sum(env.task.reward_weights[k] * v for k, v in info["reward_terms"].items()))
+        if terminated or truncated:
+            break
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_seeding_is_deterministic(task, make_env):
+    a, b = make_env(task), make_env(task)
+    oa, _ = a.reset(seed=123)
+    ob, _ = b.reset(seed=123)
+    assert oa["instruction"] == ob["instruction"]
+    np.testing.assert_array_equal(oa["image/front"], ob["image/front"])
+    actions = np.random.default_rng(5).uniform(-1, 1, (5, ACTION_DIM)).astype(np.float32)
+    for act in actions:
+        sa, sb = a.step(act), b.step(act)
+        np.testing.assert_array_equal(sa[0]["state"], sb[0]["state"])
+        np.testing.assert_array_equal(sa[0]["image/front"], sb[0]["image/front"])
+    oc, _ = a.reset(seed=124)
+    assert not np.array_equal(oc["image/front"], oa["image/front"])
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_expert_succeeds_on_100_test_seeds(task, make_env):
+    env = make_env(task)
+    successes = 0
+    for seed in TEST_SEEDS[:100]:
+        env.reset(seed=seed)
+        for _ in range(env.max_episode_steps):
+            _, terminated, truncated, info = env.step_no_render(env.expert_action())
+            if terminated or truncated:
+                break
+        successes += info["success"]
+    assert successes >= 95, f"{task} expert: {successes}/100"
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_noisy_expert_differs_but_mostly_succeeds(task, make_env):
+    env = make_env(task)
+    env.reset(seed=7)
+    clean = env.expert_action()
+    noisy = env.expert_action(noise_std=0.3)
+    assert not np.allclose(clean, noisy) and np.abs(noisy).max() <= 1.0
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_heldout_paraphrases_never_appear_in_training(task, make_env):
+    cls = TASKS[task]
+    assert cls.train_templates and cls.heldout_templates
+    assert not set(cls.train_templates) & set(cls.heldout_templates)
+    train, heldout = make_env(task, instruction_split="train"), make_env(task, instruction_split="heldout")
+    seen_train = {train.reset(seed=s)[0]["instruction"] for s in range(60)}
+    seen_heldout = {heldout.reset(seed=s)[0]["instruction"] for s in range(60)}
+    assert seen_train.isdisjoint(seen_heldout)
+    assert all(set(i) <= set(string.ascii_letters + string.digits + " ,.'-") for i in seen_train | seen_heldout)
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_gymnasium_checker_and_registration(task):
+    env = gym.make(GYM_IDS[task], image_size=32)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def test_step_equals_step_no_render_then_observe(make_env):
+    a, b = make_env("track"), make_env("track")
+    a.reset(seed=3)
+    b.reset(seed=3)
+    act = np.array([0.3, -0.2, 0.1, 1.0], np.float32)
+    obs_a, r_a, *_ = a.step(act)
+    r_b, *_ = b.step_no_render(act)
+    obs_b = b.observe()
+    assert r_a == r_b
+    np.testing.assert_array_equal(obs_a["image/front"], obs_b["image/front"])
+
+
+def test_nan_action_is_rejected(make_env):
+    env = make_env("reach")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="NaN"):
+        env.step(np.array([np.nan, 0, 0, 0], np.float32))
+
+
+def test_unknown_task_names_the_registered_ones():
+    with pytest.raises(ValueError, match="registered tasks"):
+        TabletopEnv("reahc")
+
+
+def test_track_ball_moves_and_faster_ball_config(make_env):
+    from sim.tasks.track import TrackConfig
+    env = make_env("track", task_config=TrackConfig(ball_speed_mps=0.3))
+    env.reset(seed=0)
+    start = env.scene.ball_pos(env.task.target)
+    env.step_no_render(np.zeros(4, np.float32))
+    moved = np.linalg.norm(env.scene.ball_pos(env.task.target) - start)
+    assert moved == pytest.approx(0.03, rel=0.05)  # 0.3 m/s for one 0.1 s control step (chord ~ arc)

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from acce.types import VectorEnv
+from sim.task import TEST_SEEDS
+from sim.vector_env import SimVectorEnv
+
+
+@pytest.fixture
+def venv():
+    env = SimVectorEnv(["reach", "track"], 4, image_size=32, seed=0)
+    yield env
+    env.close()
+
+
+def test_batched_shapes_and_contract(venv):
+    assert isinstance(venv, VectorEnv)
+    obs = venv.reset()
+    assert obs["image/front"].shape == (4, 32, 32, 3) and obs["state"].shape == (4, 7)
+    assert len(obs["instruction"]) == 4 and obs["task_id"].shape == (4,)
+    step = venv.step(np.zeros((4, 4), np.float32), render=False)
+    assert step.obs is None and step.reward.shape == (4,)
+    sub = venv.observe([2, 0])
+    assert sub["image/front"].shape == (2, 32, 32, 3)
+    np.testing.assert_array_equal(sub["state"][1], venv.observe([0])["state"][0])
+
+
+def test_autoreset_reports_final_obs_and_episode_stats(venv):
+    venv.reset()
+    for _ in range(60):
+        step = venv.step(venv.expert_actions(), render=True)
+        if step.done.any():
+            break
+    done = np.flatnonzero(step.done)
+    assert done.size > 0
+    for i in done:
+        assert i in step.final_obs and step.episode_success[i]
+        assert step.info["episode_length"][i] > 0
+        # the new episode starts fresh: its first observation is already in obs
+        assert venv.lengths[i] == 0
+
+
+def test_test_seed_range_and_explicit_seeds():
+    env = SimVectorEnv(["reach"], 2, image_size=32, seed_range=TEST_SEEDS, seed=1)
+    env.reset()
+    assert all(s in TEST_SEEDS for s in env.seeds)
+    a = env.reset(seeds=[5, 6])
+    b = env.reset(seeds=[5, 6])
+    np.testing.assert_array_equal(a["image/front"], b["image/front"])
+    env.close()
+
+
+def test_wrong_action_shape_is_an_error(venv):
+    venv.reset()
+    with pytest.raises(ValueError, match="shape"):
+        venv.step(np.zeros((3, 4), np.float32))
