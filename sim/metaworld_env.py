@@ -250,6 +250,8 @@ class MetaWorldEnv(gym.Env):
 
     def observe(self) -> dict[str, Any]:
         """Render the camera and read proprioception for the current physics state."""
+        if self._mw_obs is None:
+            raise RuntimeError(f"{self.task_name}: call reset() before observe()")
         return {
             "image/front": self._render_image(),
             "state": self._mw_obs[:STATE_DIM].astype(np.float32),

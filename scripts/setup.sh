@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create/refresh the project's virtual environment (.venv) idempotently; sourced by main.sh and test.sh.
+# Second runs are fast: the install is skipped while pyproject.toml is unchanged.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+  echo "acce needs Python 3.11 (lerobot 0.4.4 and our pins); found $("$PY" --version 2>&1). Set PYTHON=..." >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+STAMP=.venv/.acce-install-stamp
+WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  echo "[setup] installing acce and its dependencies into .venv (first run takes a few minutes)"
+  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install --quiet -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip check
+  .venv/bin/python -c "import acce, sim, mujoco, ray, lerobot, transformers, zarr, torch" \
+    || { echo "[setup] install incomplete" >&2; exit 1; }
+  echo "$WANT" > "$STAMP"
+fi
+# Offscreen MuJoCo rendering through EGL (Mesa) and no model-hub downloads at run time.
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+export PATH="$ROOT/.venv/bin:$PATH"
