@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,9 +60,15 @@ def cmd_collect(args) -> int:
     cfg = _load(args, extra)
     c = cfg.collect
     store = EpisodeStore.open_or_create(
-        c.out, image_shapes={f"image/{cam}": (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
+        c.out, image_shapes={cam: (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
         state_dim=7, action_dim=4, control_hz=10.0)
     before = len(store)
+    if args.import_lerobot:
+        from acce.store.lerobot_io import import_lerobot
+        import_lerobot(args.import_lerobot, c.out)
+        store.refresh()
+        print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
+        return 0
 
     def make_env(tasks, num_envs, **kw):
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
@@ -71,6 +78,9 @@ def cmd_collect(args) -> int:
     print(format_summary(summary))
     print(f"{c.out}: {len(store)} episodes ({len(store) - before} new), seeds={c.seeds}, "
           f"instructions={c.instruction_split}")
+    if args.export_lerobot:
+        from acce.store.lerobot_io import export_lerobot
+        print(f"exported LeRobotDataset v3 to {export_lerobot(store, args.export_lerobot)}")
     return 0
 
 
@@ -100,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of episodes recorded with noise")
     p.add_argument("--seeds", choices=("train", "test"), default=None, help="layout seed range")
     p.add_argument("--num-envs", dest="num_envs", type=int, default=None, help="envs stepped together")
+    p.add_argument("--export-lerobot", dest="export_lerobot", default=None, metavar="DIR",
+                   help="after collecting, export the whole store to a LeRobotDataset v3 directory")
+    p.add_argument("--import-lerobot", dest="import_lerobot", default=None, metavar="DIR",
+                   help="instead of collecting, append a LeRobotDataset v3 directory to the store")
     _add_config_args(p)
     p.set_defaults(fn=cmd_collect)
 
@@ -120,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except ConfigError as exc:
         print(f"acce {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        # user-facing input errors (bad store, bad file, bad value) are one line; ACCE_DEBUG=1 shows the trace
+        if os.environ.get("ACCE_DEBUG"):
+            raise
+        print(f"acce {args.command}: error: {str(exc).splitlines()[0] if str(exc) else repr(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

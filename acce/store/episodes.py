@@ -141,10 +141,9 @@ def _corrupt(path: Path, what: str) -> StoreError:
 class EpisodeStore:
     """Episodes appended to and read from one zarr v3 directory; see the module docstring for the layout."""
 
-    def __init__(self, path: Path, root: zarr.Group, writable: bool) -> None:
+    def __init__(self, path: Path, writable: bool) -> None:
         """Use `create`, `open` or `open_or_create`; this validates the store and loads its episode index."""
         self.path = path
-        self._root = root
         self._writable = writable
         self.refresh()
 
@@ -157,7 +156,8 @@ class EpisodeStore:
         schema = StoreSchema(image_shapes, state_dim, action_dim, control_hz, extra or {})
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise FileExistsError(f"{path} already exists and is not empty; open an existing store with "
-                                  "EpisodeStore.open(path, mode='a') or EpisodeStore.open_or_create, or pick a new path")
+                                  "EpisodeStore.open(path, mode='a') or EpisodeStore.open_or_create, "
+                                  "or pick a new path")
         root = zarr.open_group(path, mode="w")
         frames, episodes = root.create_group("frames"), root.create_group("episodes")
         for name, (tail, dtype) in schema.frame_arrays().items():
@@ -170,7 +170,7 @@ class EpisodeStore:
         # The marker goes in last so that an interrupted create reads as "not a store", never as an empty store.
         root.attrs.put({"format": FORMAT, "format_version": FORMAT_VERSION, "schema": schema.to_json(),
                         "num_episodes": 0, "num_frames": 0})
-        return cls(path, root, writable=True)
+        return cls(path, writable=True)
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> EpisodeStore:
@@ -183,11 +183,7 @@ class EpisodeStore:
                                     "or EpisodeStore.open_or_create")
         if not (path / "zarr.json").is_file():
             raise _not_a_store(path, "no zarr.json in it")
-        try:
-            root = zarr.open_group(path, mode="r" if mode == "r" else "r+")
-        except (ValueError, TypeError, KeyError, zarr.errors.BaseZarrError) as err:
-            raise _not_a_store(path, f"zarr cannot open it as a group: {err}") from None
-        return cls(path, root, writable=mode == "a")
+        return cls(path, writable=mode == "a")
 
     @classmethod
     def open_or_create(cls, path: str | os.PathLike, **schema: Any) -> EpisodeStore:
@@ -208,6 +204,10 @@ class EpisodeStore:
 
     def refresh(self) -> None:
         """Re-read the commit point and the episode index (to see episodes appended by another process)."""
+        try:  # reopened because zarr caches the group metadata, which holds the commit point
+            self._root = zarr.open_group(self.path, mode="r+" if self._writable else "r")
+        except (ValueError, TypeError, KeyError, zarr.errors.BaseZarrError) as err:
+            raise _not_a_store(self.path, f"zarr cannot open it as a group: {err}") from None
         attrs = self._root.attrs.asdict()
         if attrs.get("format") != FORMAT:
             raise _not_a_store(self.path, f"root attrs have format={attrs.get('format')!r}, expected {FORMAT!r}; "
@@ -245,7 +245,8 @@ class EpisodeStore:
                 raise _corrupt(self.path, f"{group}/{name} should be an array of shape (n, *{tail}), "
                                           f"found {getattr(arr, 'shape', 'a group')}")
             if (dtype is str) != (arr.dtype.kind == "T") or (dtype is not str and arr.dtype != np.dtype(dtype)):
-                raise _corrupt(self.path, f"{group}/{name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
+                expected = "a variable-length string" if dtype is str else np.dtype(dtype)
+                raise _corrupt(self.path, f"{group}/{name} has dtype {arr.dtype}, expected {expected}")
             if arr.shape[0] < committed:
                 raise _corrupt(self.path, f"{group}/{name} has {arr.shape[0]} rows but the commit point says "
                                           f"{committed}")

@@ -158,14 +158,16 @@ def _episode(ds: Any, table: Any, schema: StoreSchema, index: int, repo_id: str)
         decode = ds.hf_dataset.features[key].decode_example  # the datasets Image feature: PNG bytes -> PIL
         obs[f"{IMAGE_PREFIX}{cam}"] = np.stack([np.asarray(decode(v).convert("RGB"), np.uint8)
                                                 for v in table.column(key).to_pylist()])
-    instructions = [ds.meta.tasks.iloc[int(i)].name for i in _column(table, "task_index")]
+    # One instruction per acce episode: the task of the episode's first frame.
+    task_index = int(_column(table, "task_index")[0])
+    instruction = str(ds.meta.tasks.iloc[task_index].name)
     fields: dict[str, Any] = {}
     for column, (name, dtype) in _SCALARS.items():
         fields[name] = _column(table, column)[:t].astype(dtype) if column in names else np.zeros(t, dtype)
     if "acce.is_final_frame" in names:
         final = _column(table, "acce.is_final_frame")
         if not final[-1] or final[:-1].any():
-            raise ValueError(f"LeRobot episode {index}: acce.is_final_frame must be set on its last frame only")
+            raise ValueError("acce.is_final_frame must be set on its last frame only")
         per_episode = {c.removeprefix("acce."): _column(table, c)[0] for c in _PER_EPISODE}
         timestamp_s = _column(table, "acce.timestamp_s").astype(np.float64)
     else:
@@ -174,13 +176,13 @@ def _episode(ds: Any, table: Any, schema: StoreSchema, index: int, repo_id: str)
         if t > 0:
             fields["truncated"][-1] = not fields["terminated"][-1]
         fields["behavior_version"] = np.full(t, -1, np.int64)
-        per_episode = {"task_id": int(_column(table, "task_index")[0]), "seed": -1, "wm_version": -1,
-                       "task": instructions[0], "source": "demo", "episode_id": f"{repo_id}:{index}"}
+        per_episode = {"task_id": task_index, "seed": -1, "wm_version": -1, "task": instruction, "source": "demo",
+                       "episode_id": f"{repo_id}:{index}"}
         timestamp_s = _column(table, "timestamp").astype(np.float64)
     if per_episode["source"] not in SOURCES:
-        raise ValueError(f"LeRobot episode {index}: acce.source={per_episode['source']!r} is not one of {SOURCES}")
+        raise ValueError(f"acce.source={per_episode['source']!r} is not one of {SOURCES}")
     return Episode(obs=obs, action=_column(table, "action")[:t].astype(np.float32), timestamp_s=timestamp_s,
-                   instruction=str(instructions[0]), task=str(per_episode["task"]),
+                   instruction=instruction, task=str(per_episode["task"]),
                    task_id=int(per_episode["task_id"]), source=str(per_episode["source"]),
                    seed=int(per_episode["seed"]), episode_id=str(per_episode["episode_id"]),
                    wm_version=int(per_episode["wm_version"]), **fields)
@@ -196,9 +198,11 @@ def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike,
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     src_dir = Path(src_dir)
-    if not (src_dir / "meta" / "info.json").is_file():
-        raise FileNotFoundError(f"{src_dir} is not a local LeRobotDataset (no meta/info.json); acce never "
-                                "downloads datasets: pass the dataset's local root directory")
+    # LeRobotDataset falls back to downloading from the hub when a local file is missing; acce never downloads.
+    for pattern in ("meta/info.json", "meta/tasks.parquet", "meta/episodes/*/*.parquet", "data/*/*.parquet"):
+        if not any(src_dir.glob(pattern)):
+            raise FileNotFoundError(f"{src_dir} is not a complete local LeRobotDataset (nothing matches {pattern}); "
+                                    "acce never downloads datasets: pass the local root of a finalized dataset")
     repo_id = repo_id or f"local/{src_dir.name}"
     ds = LeRobotDataset(repo_id, root=src_dir)
     schema = _schema_of(ds, src_dir)

@@ -91,6 +91,17 @@ def test_append_after_reopen_and_read_only(tmp_path, rng):
     assert_episode_equal(second, reader[1])
 
 
+def test_reader_sees_new_episodes_after_refresh(tmp_path, rng):
+    writer = EpisodeStore.create(tmp_path / "s.zarr", **SCHEMA)
+    reader = EpisodeStore.open(tmp_path / "s.zarr")
+    episode = make_episode(rng, 3)
+    writer.append(episode)
+    assert len(reader) == 0  # a snapshot as of open
+    reader.refresh()
+    assert len(reader) == 1 and reader.num_frames == 4
+    assert_episode_equal(episode, reader[0])
+
+
 def test_interrupted_append_is_ignored_and_overwritten(tmp_path, rng):
     path = tmp_path / "s.zarr"
     store = EpisodeStore.create(path, **SCHEMA)

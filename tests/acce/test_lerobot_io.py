@@ -42,6 +42,7 @@ def test_export_import_round_trip(tmp_path):
         export_lerobot(store, out)
 
 
+@pytest.mark.filterwarnings("ignore:Converting input from bool")
 def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -80,6 +81,10 @@ def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
     assert len(EpisodeStore.open(tmp_path / "s.zarr")) == 1
 
 
-def test_import_rejects_a_non_dataset(tmp_path):
+def test_import_rejects_a_non_dataset_without_downloading(tmp_path):
     with pytest.raises(FileNotFoundError, match="meta/info.json"):
+        import_lerobot(tmp_path, tmp_path / "s.zarr")
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "info.json").write_text("{}")  # LeRobotDataset would try the hub for the rest
+    with pytest.raises(FileNotFoundError, match="meta/tasks.parquet.*never downloads"):
         import_lerobot(tmp_path, tmp_path / "s.zarr")
