@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_collect)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim")
+    p.add_argument("name", help="benchmark: sim | experts")
+    p.add_argument("--episodes", type=int, default=100, help="[experts] test-seed episodes per task and noise")
     p.add_argument("--out", default=None, help="JSON result file")
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
     p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")

@@ -84,3 +84,26 @@ def run_sim_bench(tasks: tuple[str, ...], num_envs: int = 8, chunk: int = 8, max
     for w in range(1, max_workers + 1):
         result["parallel"][str(w)] = parallel_env_steps_per_s(tasks, w, num_envs, chunk, duration_s)
     return result
+
+
+def expert_success(tasks: tuple[str, ...], episodes: int = 100, noise_levels: tuple[float, ...] = (0.0, 0.3)) -> dict:
+    """Scripted-expert success over the first `episodes` test seeds, per task and action-noise level."""
+    from sim.task import TEST_SEEDS
+    out: dict = {}
+    for task in tasks:
+        for noise in noise_levels:
+            env = TabletopEnv(task)
+            rng = np.random.default_rng(0)
+            successes, lengths = 0, []
+            for seed in TEST_SEEDS[:episodes]:
+                env.reset(seed=seed)
+                for t in range(env.max_episode_steps):
+                    _, terminated, truncated, info = env.step_no_render(env.expert_action(noise, rng))
+                    if terminated or truncated:
+                        break
+                successes += int(info["success"])
+                lengths.append(t + 1)
+            env.close()
+            out[f"{task}/noise_{noise:g}"] = {"success_rate": successes / episodes, "n": episodes,
+                                              "mean_length": float(np.mean(lengths))}
+    return out

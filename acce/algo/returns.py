@@ -67,8 +67,9 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"inputs must share one shape (..., T); got {shapes}")
-    if next(iter(shapes.values())) == ():
-        raise ValueError("inputs need a time axis: (T,) or (..., T)")
+    shape = next(iter(shapes.values()))
+    if shape == () or shape[-1] == 0:
+        raise ValueError(f"inputs need a non-empty time axis: (T,) or (..., T); got {shape}")
 
 
 def gae(rewards: torch.Tensor, discounts: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,

@@ -20,7 +20,13 @@ def _bench_sim(cfg, args) -> dict:
                          max_workers=args.workers, duration_s=args.duration_s)
 
 
-BENCHES: dict[str, BenchFn] = {"sim": _bench_sim}
+def _bench_experts(cfg, args) -> dict:
+    from sim.bench import expert_success
+    from sim.tasks import TASKS
+    return expert_success(tuple(sorted(TASKS)), episodes=args.episodes)
+
+
+BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts}
 """name -> benchmark function"""
 
 

@@ -1,0 +1,112 @@
+"""Schema of the vision-language-action policy (DESIGN.md §3, §5).
+
+Imported by `acce.config`, so it must stay light: no torch, no transformers. The network itself is built from
+these values in `acce.policy.vla`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from acce.configlib import ConfigError
+
+VISION_KINDS = ("resnet", "vit")
+"""vision encoders: a small transformers ResNetModel or ViTModel built from a config (or loaded from a local dir)"""
+LANGUAGE_KINDS = ("minilm", "hash")
+"""instruction encoders: frozen all-MiniLM-L6-v2 (default) or deterministic hash vectors (tests, fallback)"""
+LANG_DIM = 384
+"""width of an instruction embedding (all-MiniLM-L6-v2's sentence embedding; hash vectors match it)"""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    chunk_len: int = 8
+    """H: actions per chunk returned by one policy call"""
+    max_delay_steps: int = 8
+    """length of the committed-prefix input: the largest inference delay d (control steps) the policy accepts"""
+    vision: str = "resnet"
+    """vision encoder: 'resnet' (transformers ResNetModel) or 'vit' (transformers ViTModel)"""
+    vision_pretrained_dir: str = ""
+    """local folder with a saved ResNetModel/ViTModel (save_pretrained layout) to start from; '' = build the small
+    encoder described below from its config with random weights (never downloads)"""
+    freeze_vision: bool = False
+    """keep the vision encoder's weights fixed (useful with a pretrained encoder); they are then not published"""
+    resnet_hidden_sizes: tuple[int, ...] = (16, 32, 64)
+    """channels of the ResNet stages (each stage after the first halves the resolution); the stem has the first"""
+    resnet_depths: tuple[int, ...] = (1, 1, 1)
+    """basic residual blocks per ResNet stage, one entry per stage"""
+    vit_width: int = 64
+    """ViT hidden size (vision='vit' only)"""
+    vit_layers: int = 2
+    """ViT transformer layers (vision='vit' only)"""
+    vit_heads: int = 4
+    """ViT attention heads (vision='vit' only); must divide vit_width"""
+    vit_patch_size: int = 16
+    """ViT patch side in pixels (vision='vit' only); 64x64 images give a 4x4 patch grid"""
+    image_grid: int = 4
+    """each camera contributes image_grid x image_grid tokens: the encoder's feature map is average-pooled to it"""
+    trunk_width: int = 64
+    """width of the fusion transformer (a transformers BertModel used as an encoder over the token sequence)"""
+    trunk_layers: int = 2
+    """transformer layers of the fusion trunk"""
+    trunk_heads: int = 4
+    """attention heads of the fusion trunk; must divide trunk_width"""
+    trunk_mlp_ratio: int = 2
+    """feed-forward width of the trunk as a multiple of trunk_width"""
+    language: str = "minilm"
+    """instruction encoder: 'minilm' (frozen all-MiniLM-L6-v2, default) or 'hash' (deterministic random vectors:
+    fast tests, and a fallback when the MiniLM package is missing; carries no meaning across paraphrases)"""
+    init_log_std: float = -0.5
+    """initial log standard deviation of the Gaussian over each action dimension and chunk position"""
+    min_log_std: float = -5.0
+    """lower clamp of the learned log-std (keeps log-probs finite)"""
+    max_log_std: float = 1.0
+    """upper clamp of the learned log-std (actions live in [-1, 1]; wider noise is wasted)"""
+
+    def __post_init__(self) -> None:
+        # YAML and checkpoints give lists; the dataclass is frozen and hashable only with tuples.
+        for name in ("resnet_hidden_sizes", "resnet_depths"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        if self.chunk_len <= 0:
+            raise ConfigError(f"policy.chunk_len must be positive, got {self.chunk_len}")
+        if not 0 <= self.max_delay_steps <= self.chunk_len:
+            raise ConfigError(f"policy.max_delay_steps must be in [0, policy.chunk_len={self.chunk_len}] (a delay of a "
+                              f"whole chunk executes none of it), got {self.max_delay_steps}")
+        if self.vision not in VISION_KINDS:
+            raise ConfigError(f"policy.vision must be one of {list(VISION_KINDS)}, got {self.vision!r}")
+        if self.language not in LANGUAGE_KINDS:
+            raise ConfigError(f"policy.language must be one of {list(LANGUAGE_KINDS)}, got {self.language!r}")
+        if not self.resnet_hidden_sizes or len(self.resnet_hidden_sizes) != len(self.resnet_depths):
+            raise ConfigError("policy.resnet_hidden_sizes and policy.resnet_depths need one entry per stage each, got "
+                              f"{list(self.resnet_hidden_sizes)} and {list(self.resnet_depths)}")
+        if min(self.resnet_hidden_sizes) <= 0 or min(self.resnet_depths) <= 0:
+            raise ConfigError("policy.resnet_hidden_sizes and policy.resnet_depths must be positive")
+        for width, heads, name in ((self.trunk_width, self.trunk_heads, "trunk"), (self.vit_width, self.vit_heads, "vit")):
+            if heads <= 0 or width <= 0 or width % heads:
+                raise ConfigError(f"policy.{name}_heads={heads} must be positive and divide policy.{name}_width={width}"
+                                  f"; e.g. policy.{name}_heads=4")
+        if min(self.trunk_layers, self.vit_layers, self.vit_patch_size, self.image_grid, self.trunk_mlp_ratio) <= 0:
+            raise ConfigError("policy.trunk_layers, vit_layers, vit_patch_size, image_grid and trunk_mlp_ratio must "
+                              "be positive")
+        if not self.min_log_std < self.max_log_std:
+            raise ConfigError(f"policy.min_log_std={self.min_log_std} must be below policy.max_log_std="
+                              f"{self.max_log_std}")
+        if not self.min_log_std <= self.init_log_std <= self.max_log_std:
+            raise ConfigError(f"policy.init_log_std={self.init_log_std} must lie in [min_log_std, max_log_std] = "
+                              f"[{self.min_log_std}, {self.max_log_std}]")
+
+    @property
+    def lang_dim(self) -> int:
+        """width of the instruction embedding the policy expects in batch['lang']"""
+        return LANG_DIM
+
+    @property
+    def image_tokens_per_camera(self) -> int:
+        return self.image_grid * self.image_grid
+
+    @property
+    def trunk_head_dim(self) -> int:
+        return self.trunk_width // self.trunk_heads
+
+    def num_tokens(self, num_cameras: int) -> int:
+        """Trunk sequence length: image tokens, language, state, two queries, delay token, prefix tokens."""
+        return num_cameras * self.image_tokens_per_camera + 5 + self.max_delay_steps

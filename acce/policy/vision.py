@@ -1,0 +1,93 @@
+"""Vision encoder: uint8 camera images -> a grid of feature tokens, via a transformers backbone.
+
+The backbone is a `ResNetModel` or `ViTModel` built from a small config (CPU default) or loaded from a local
+save_pretrained folder (bigger pretrained encoders on GPU machines). Nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from acce.policy.config import PolicyConfig
+
+# Pixel statistics the respective pretrained families were trained with; random-init encoders use the same so that
+# swapping in pretrained weights changes nothing else.
+_PIXEL_STATS = {"resnet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
+
+
+def _build_backbone(cfg: PolicyConfig, backbone_config: dict[str, Any] | None) -> nn.Module:
+    """From a checkpoint's stored backbone config (exact architecture, weights come later), a local pretrained
+    folder, or the small config in PolicyConfig, in that order."""
+    from transformers import ResNetConfig, ResNetModel, ViTConfig, ViTModel
+
+    # Dropout would make the same (observation, action) get different log-probs in the actor and the learner.
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    if cfg.vision == "resnet":
+        if backbone_config is not None:
+            return ResNetModel(ResNetConfig.from_dict(backbone_config))
+        if cfg.vision_pretrained_dir:
+            return ResNetModel.from_pretrained(cfg.vision_pretrained_dir, local_files_only=True)
+        return ResNetModel(ResNetConfig(
+            num_channels=3, embedding_size=cfg.resnet_hidden_sizes[0], hidden_sizes=list(cfg.resnet_hidden_sizes),
+            depths=list(cfg.resnet_depths), layer_type="basic", hidden_act="relu", downsample_in_first_stage=False))
+    if backbone_config is not None:
+        return ViTModel(ViTConfig.from_dict({**backbone_config, **no_dropout}), add_pooling_layer=False)
+    if cfg.vision_pretrained_dir:
+        return ViTModel.from_pretrained(cfg.vision_pretrained_dir, local_files_only=True, add_pooling_layer=False,
+                                        **no_dropout)
+    return ViTModel(ViTConfig(
+        hidden_size=cfg.vit_width, num_hidden_layers=cfg.vit_layers, num_attention_heads=cfg.vit_heads,
+        intermediate_size=2 * cfg.vit_width, image_size=64, patch_size=cfg.vit_patch_size, **no_dropout),
+        add_pooling_layer=False)
+
+
+class VisionEncoder(nn.Module):
+    """(N, H, W, 3) uint8 -> (N, G*G, C) float tokens, row-major over a G x G grid (G = config.image_grid)."""
+
+    def __init__(self, cfg: PolicyConfig, backbone_config: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.kind = cfg.vision
+        self.grid = cfg.image_grid
+        self.backbone = _build_backbone(cfg, backbone_config)
+        bcfg = self.backbone.config
+        self.out_channels = int(bcfg.hidden_sizes[-1] if self.kind == "resnet" else bcfg.hidden_size)
+        mean, std = _PIXEL_STATS[self.kind]
+        # Constants of the encoder family, not learned: kept out of the state dict.
+        self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        if cfg.freeze_vision:
+            self.backbone.requires_grad_(False)
+
+    def backbone_config(self) -> dict[str, Any]:
+        """The transformers config of the backbone, stored in checkpoints so loading needs no pretrained folder."""
+        return self.backbone.config.to_dict()
+
+    def train(self, mode: bool = True) -> "VisionEncoder":
+        # BatchNorm stays in inference mode (frozen statistics, FrozenBatchNorm-style): batch statistics would make
+        # an action's log-prob depend on which other samples share its batch, so the actor's and the learner's
+        # log-probs of the same decision would differ and importance ratios would be noise. The affine weights
+        # still learn.
+        super().train(mode)
+        for module in self.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float().div_(255.0)  # (N, 3, H, W) in [0, 1]
+        x = (x - self.pixel_mean) / self.pixel_std
+        if self.kind == "resnet":
+            fmap = self.backbone(pixel_values=x).last_hidden_state  # (N, C, h, w)
+        else:
+            size = self.backbone.config.image_size
+            interpolate = tuple(x.shape[-2:]) != (size, size)  # other resolutions: resample position embeddings
+            hidden = self.backbone(pixel_values=x, interpolate_pos_encoding=interpolate).last_hidden_state
+            patch = self.backbone.config.patch_size
+            h, w = x.shape[-2] // patch, x.shape[-1] // patch
+            fmap = hidden[:, 1:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # drop CLS -> (N, C, h, w)
+        if fmap.shape[-2:] != (self.grid, self.grid):
+            fmap = F.adaptive_avg_pool2d(fmap, self.grid)
+        return fmap.flatten(2).transpose(1, 2)  # (N, G*G, C)
