@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from acce.configlib import ConfigError, load_config
+from acce.policy.config import PolicyConfig
 
 KNOWN_TASKS = ("reach", "push", "pick_place", "track")
 """tabletop tasks (sim.tasks.TASKS; a test keeps the two in sync; acce must not import sim)"""
@@ -91,6 +92,180 @@ class CollectConfig:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    segment_len: int = 8
+    """T: decisions per segment (one env); a segment is complete or not sent"""
+    execution_horizon: int = 4
+    """s: control steps between requests; each chunk runs s actions (more with delay overlap)"""
+    num_workers: int = 2
+    """rollout workers (each owns env.num_envs envs)"""
+    task_sampling: str = "uniform"
+    """'uniform' over env.tasks, or 'failure' (probability proportional to recent failures + 1, as AcceRL)"""
+    failure_window: int = 50
+    """episodes per task remembered by failure-weighted sampling"""
+
+    def __post_init__(self) -> None:
+        if self.segment_len <= 0 or self.execution_horizon <= 0 or self.num_workers <= 0:
+            raise ConfigError("rollout.segment_len, rollout.execution_horizon and rollout.num_workers must be > 0")
+        if self.task_sampling not in ("uniform", "failure"):
+            raise ConfigError(f"rollout.task_sampling must be 'uniform' or 'failure', got {self.task_sampling!r}")
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    model: str = "fixed"
+    """inference latency model: 'fixed' | 'uniform' | 'empirical' (DESIGN.md §5)"""
+    fixed_steps: int = 0
+    """d for model=fixed, in control steps (0 = no latency)"""
+    low_s: float = 0.0
+    """model=uniform: smallest latency in seconds"""
+    high_s: float = 0.0
+    """model=uniform: largest latency in seconds"""
+    path: str = ""
+    """model=empirical: file of measured latencies in seconds (JSON {"latency_s": [...]} or one per line)"""
+
+    def __post_init__(self) -> None:
+        if self.model not in ("fixed", "uniform", "empirical"):
+            raise ConfigError(f"delay.model must be fixed, uniform or empirical, got {self.model!r}")
+        if self.model == "empirical" and not self.path:
+            raise ConfigError("delay.model=empirical needs delay.path (a file of measured latencies)")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    algorithm: str = "ppo"
+    """trust region: 'ppo' (decoupled PPO clipping) or 'gipo' (AcceRL's Gaussian log-ratio trust weight)"""
+    advantage: str = "gae"
+    """'gae' or 'vtrace'"""
+    gamma: float = 0.99
+    """per control step discount; a decision's bootstrap discount is gamma^(span length)"""
+    lam: float = 0.95
+    """GAE / V-trace lambda, applied once per decision"""
+    lr: float = 3e-4
+    """Adam learning rate"""
+    batch_segments: int = 16
+    """segments per update"""
+    epochs: int = 2
+    """passes over each batch"""
+    minibatches: int = 2
+    """minibatches per pass; optimizer steps per update = epochs * minibatches (each is one learner_version)"""
+    clip_eps: float = 0.2
+    """PPO clip range against the proximal policy"""
+    gipo_sigma: float = 0.5
+    """GIPO: width of the Gaussian trust weight in log-ratio space"""
+    is_cap: float = 2.0
+    """truncation of the behavior importance weight"""
+    vtrace_rho_bar: float = 1.0
+    """V-trace rho truncation"""
+    vtrace_c_bar: float = 1.0
+    """V-trace trace-cutting truncation"""
+    vf_coef: float = 0.5
+    """value loss weight"""
+    value_clip: float | None = None
+    """PPO-style value clipping range (None: off)"""
+    ent_coef: float = 0.0
+    """entropy bonus weight"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    recompute_values: bool = True
+    """recompute values with the current critic before advantages (else use the behavior values)"""
+    normalize_advantages: bool = True
+    """standardize advantages per update"""
+    max_staleness: int = 8
+    """largest learner_version - behavior_version admitted (pacing); -1 = unbounded"""
+    delay_correction: bool = True
+    """delay-aware learning (DESIGN.md §5); false = the naive baseline"""
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.epochs * self.minibatches
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ("ppo", "gipo"):
+            raise ConfigError(f"learner.algorithm must be 'ppo' or 'gipo', got {self.algorithm!r}")
+        if self.advantage not in ("gae", "vtrace"):
+            raise ConfigError(f"learner.advantage must be 'gae' or 'vtrace', got {self.advantage!r}")
+        if not 0 < self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ConfigError("learner.gamma must be in (0, 1] and learner.lam in [0, 1]")
+        if min(self.batch_segments, self.epochs, self.minibatches) <= 0:
+            raise ConfigError("learner.batch_segments, learner.epochs and learner.minibatches must be positive")
+
+
+@dataclass(frozen=True)
+class BCConfig:
+    episodes: int = 0
+    """scripted-expert episodes recorded for the behavior-cloning warm start (0: start RL from scratch)"""
+    steps: int = 0
+    """supervised steps on them before RL (the result is version 0 that every actor starts from)"""
+    batch_size: int = 128
+    """decisions per BC step"""
+    noise_std: float = 0.1
+    """expert action noise while recording (state diversity)"""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    kind: str = "ray"
+    """'ray' (default; embedded one-machine cluster unless address is set) or 'local' (one process, deterministic)"""
+    mode: str = "async"
+    """'async' or 'sync' (the barrier baseline: collect -> train -> publish, same components)"""
+    address: str = ""
+    """Ray cluster address to join (e.g. 'auto' or 'ray://host:10001'); '' starts a local cluster"""
+    num_cpus: int = 0
+    """CPUs for the embedded Ray cluster (0: all of this machine)"""
+    worker_cpus: float = 0.5
+    """Ray CPU resource per rollout worker"""
+    learner_cpus: float = 1.0
+    """Ray CPU resource for the learner"""
+    learner_gpus: float = 0.0
+    """Ray GPU resource for the learner"""
+    server_cpus: float = 0.5
+    """Ray CPU resource per inference server"""
+    torch_threads: int = 1
+    """torch intra-op threads per role process (2-core machines: 1 avoids oversubscription)"""
+    max_batch: int = 64
+    """inference server: largest merged batch"""
+    timeout_ms: float = 2.0
+    """inference server: how long to wait for more requests before running a batch"""
+    queue_capacity: int = 32
+    """rollout queue capacity in segments; producers block when full"""
+    timeout_s: float = 120.0
+    """any role call or queue wait longer than this fails loudly instead of hanging"""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("ray", "local"):
+            raise ConfigError(f"runtime.kind must be 'ray' or 'local', got {self.kind!r}")
+        if self.mode not in ("async", "sync"):
+            raise ConfigError(f"runtime.mode must be 'async' or 'sync', got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_versions: int = 200
+    """evaluate every this many learner versions (0: only at the end)"""
+    episodes_per_task: int = 20
+    """test-seed episodes per task and instruction split"""
+    num_envs: int = 8
+    """envs stepped together during evaluation"""
+    video: bool = True
+    """log one evaluation episode per task as a TensorBoard video"""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_wall_s: float = 600.0
+    """stop after this much wall-clock time (seconds, RL phase)"""
+    max_env_steps: int = 0
+    """stop after this many simulator env steps (0: no limit)"""
+    max_versions: int = 0
+    """stop after this many learner versions (0: no limit)"""
+    checkpoint_every_versions: int = 200
+    """write an atomic checkpoint this often (and always at the end)"""
+    log_every_s: float = 5.0
+    """TensorBoard scalar period"""
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     """run name, output folder, seed"""
@@ -98,6 +273,30 @@ class Config:
     """simulated tasks and observation format"""
     collect: CollectConfig = field(default_factory=CollectConfig)
     """`acce collect`: recording scripted-expert episodes to the episode store"""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """the VLA policy network"""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """rollout workers: segments, execution horizon, task sampling"""
+    delay: DelayConfig = field(default_factory=DelayConfig)
+    """simulated inference latency"""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """the off-policy-corrected actor-critic learner"""
+    bc: BCConfig = field(default_factory=BCConfig)
+    """behavior-cloning warm start from scripted demos"""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """where roles run and in which schedule"""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """periodic evaluation on test seeds"""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """budgets and checkpoint cadence"""
+
+    def __post_init__(self) -> None:
+        if self.rollout.execution_horizon > self.policy.chunk_len:
+            raise ConfigError(f"rollout.execution_horizon={self.rollout.execution_horizon} exceeds policy.chunk_len="
+                              f"{self.policy.chunk_len}; a chunk must cover the horizon")
+        if self.learner.batch_segments > self.runtime.queue_capacity:
+            raise ConfigError(f"learner.batch_segments={self.learner.batch_segments} can never fill "
+                              f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -80,9 +80,10 @@ class VectorEnv(Protocol):
 
     def reset(self, seeds: Sequence[int] | None = None) -> BatchObs: ...
 
-    def step(self, actions: np.ndarray, render: bool = True) -> VecStep:
+    def step(self, actions: np.ndarray, render: bool = True, active: np.ndarray | None = None) -> VecStep:
         """actions: (N, A) float32 in [-1, 1]. render=False skips observation rendering (inside a chunk);
-        envs that finish are reset in the same call and their final observation is in `final_obs`."""
+        envs that finish are reset in the same call and their final observation is in `final_obs`.
+        active: optional (N,) bool; inactive envs do not move (a paused env waiting for fresher weights)."""
         ...
 
     def observe(self, indices: Sequence[int] | None = None) -> BatchObs:
@@ -178,3 +179,79 @@ class Episode:
             raise ValueError(f"timestamp_s has shape {self.timestamp_s.shape}, expected ({t + 1},)")
         if not np.all(np.isfinite(self.action)) or np.abs(self.action).max(initial=0.0) > 1.0 + 1e-6:
             raise ValueError("episode actions must be finite and inside [-1, 1]")
+
+
+@dataclass
+class Segment:
+    """T consecutive decisions of one env (DESIGN.md §6): what crosses from actors to the learner.
+
+    Decision k saw `obs[k]` (plus the committed prefix and its delay d_k), sampled `chunk[k]`, and owns the rewards
+    of the control steps its actions really ran (`exec_len[k]` steps, chunk positions `exec_mask[k]`). The state
+    after decision k is obs[k+1] unless `next_index[k] >= 0`, which points into `bootstrap` (the segment's last
+    next-state, or the final observation of a truncated episode). A segment is complete or it is not sent.
+    """
+
+    obs: dict[str, np.ndarray]
+    """image keys (T, H, W, 3) uint8, "state" (T, S) float32, at decision points"""
+    instruction: list[str]
+    """(T) instruction of each decision's episode"""
+    task_id: np.ndarray
+    """(T,) int64"""
+    prefix: np.ndarray
+    """(T, D, A) float32 committed prefix (actions already committed from the previous chunk), zero-padded"""
+    delay_steps: np.ndarray
+    """(T,) int32 inference delay d_k in control steps"""
+    chunk: np.ndarray
+    """(T, H, A) float32 the sampled chunk (before clipping to the action bounds)"""
+    exec_mask: np.ndarray
+    """(T, H) bool chunk positions that executed AND were sampled by the policy (policy-gradient positions)"""
+    exec_len: np.ndarray
+    """(T,) int32 control steps owned by the decision (its executed span)"""
+    behavior_logp: np.ndarray
+    """(T,) float32 behavior log-prob of the positions in exec_mask"""
+    behavior_logp_pos: np.ndarray
+    """(T, H) float32 behavior log-prob per chunk position (sums over action dims), for re-masking"""
+    behavior_value: np.ndarray
+    """(T,) float32 behavior critic's value at the decision"""
+    reward: np.ndarray
+    """(T,) float32 discounted reward of the executed span: sum_j gamma^j r_{t_k + d_k + j}"""
+    discount: np.ndarray
+    """(T,) float32 gamma^exec_len, 0 where the episode terminated inside the span"""
+    terminated: np.ndarray
+    """(T,) bool"""
+    truncated: np.ndarray
+    """(T,) bool"""
+    success: np.ndarray
+    """(T,) bool the task's success predicate fired inside the span"""
+    next_index: np.ndarray
+    """(T,) int64: -1 -> next state is decision k+1; i >= 0 -> bootstrap row i"""
+    bootstrap: dict[str, Any]
+    """next states not in obs: keys of obs plus "instruction" (list), "task_id", "prefix", "delay_steps" (rows)"""
+    behavior_version: np.ndarray
+    """(T,) int64 weights version that sampled each chunk"""
+    source: str
+    """one of SOURCES"""
+    wm_version: np.ndarray
+    """(T,) int64 world-model version for imagined decisions, -1 otherwise"""
+    episode_id: np.ndarray
+    """(T,) int64 worker-unique episode counter"""
+    env_step: np.ndarray
+    """(T,) int64 control step within the episode at the decision"""
+    timestamp_s: np.ndarray
+    """(T,) float64 wall-clock time of each decision"""
+    worker_id: int = 0
+    env_index: int = 0
+    created_s: float = 0.0
+    """wall-clock time the segment was completed (queue wait is measured from here)"""
+
+    def __len__(self) -> int:
+        return int(self.chunk.shape[0])
+
+    @property
+    def episode_end(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [*self.obs.values(), self.prefix, self.chunk, self.exec_mask, self.behavior_logp_pos]
+        return int(sum(a.nbytes for a in arrays))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+TEST_SEED_START = 1_000_000
+"""first evaluation seed (sim.task.TEST_SEEDS.start; a test keeps them equal without importing sim here)"""
+
 
 def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_split: str = "train", seed: int = 0,
                  image_size: int = 64, cameras=("front",), task_params: dict | None = None,

@@ -142,7 +142,8 @@ class SimVectorEnv:
     def task_ids(self) -> np.ndarray:
         return np.array([self._require(i).task_id for i in range(self.num_envs)], dtype=np.int64)
 
-    def step(self, actions: np.ndarray, render: bool = True) -> VecStep:
+    def step(self, actions: np.ndarray, render: bool = True, active: np.ndarray | None = None) -> VecStep:
+        """Step every env (or only where `active`; the others stand still and report nothing)."""
         actions = np.asarray(actions, dtype=np.float32)
         if actions.shape != (self.num_envs, self.action_dim):
             raise ValueError(f"actions must have shape {(self.num_envs, self.action_dim)}, got {actions.shape}")
@@ -154,6 +155,8 @@ class SimVectorEnv:
         ep_return, ep_length = np.zeros(n, np.float32), np.zeros(n, np.int64)
         task_ids, seeds = self.task_ids, self.seeds.copy()
         for i in range(n):
+            if active is not None and not active[i]:
+                continue
             env = self._require(i)
             r, term, trunc, info = env.step_no_render(actions[i])
             reward[i], terminated[i], truncated[i], success[i] = r, term, trunc, info["success"]

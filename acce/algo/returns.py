@@ -55,8 +55,7 @@ def semi_markov_reward(step_rewards: torch.Tensor, span_len: torch.Tensor,
         powers = torch.full((length,), gamma, dtype=dtype, device=step_rewards.device) ** j  # (L,) gamma^j
         inside = j < span_len.unsqueeze(-1)  # (..., L): padding beyond the span contributes nothing
         # torch.where (not multiply) so NaN/inf in padding cannot leak into the sum.
-        terms = torch.where(inside, step_rewards.to(dtype) * powers, torch.zeros((), dtype=dtype,
-                                                                                 device=step_rewards.device))
+        terms = torch.where(inside, step_rewards.to(dtype) * powers, 0.0)
         reward = terms.sum(-1)
         discount_factor = torch.full_like(reward, gamma) ** span_len.to(dtype)
     return reward, discount_factor

@@ -80,10 +80,14 @@ class PolicyConfig:
                               f"{list(self.resnet_hidden_sizes)} and {list(self.resnet_depths)}")
         if min(self.resnet_hidden_sizes) <= 0 or min(self.resnet_depths) <= 0:
             raise ConfigError("policy.resnet_hidden_sizes and policy.resnet_depths must be positive")
-        for width, heads, name in ((self.trunk_width, self.trunk_heads, "trunk"), (self.vit_width, self.vit_heads, "vit")):
-            if heads <= 0 or width <= 0 or width % heads:
-                raise ConfigError(f"policy.{name}_heads={heads} must be positive and divide policy.{name}_width={width}"
-                                  f"; e.g. policy.{name}_heads=4")
+        for name in ("trunk", "vit"):
+            width, heads = getattr(self, f"{name}_width"), getattr(self, f"{name}_heads")
+            if width <= 0:
+                raise ConfigError(f"policy.{name}_width must be positive, got {width}")
+            if heads <= 0 or width % heads:
+                fit = max(h for h in range(1, max(heads, 1) + 1) if width % h == 0)
+                raise ConfigError(f"policy.{name}_heads={heads} must be positive and divide policy.{name}_width="
+                                  f"{width}; e.g. policy.{name}_heads={fit}")
         if min(self.trunk_layers, self.vit_layers, self.vit_patch_size, self.image_grid, self.trunk_mlp_ratio) <= 0:
             raise ConfigError("policy.trunk_layers, vit_layers, vit_patch_size, image_grid and trunk_mlp_ratio must "
                               "be positive")
@@ -108,5 +112,7 @@ class PolicyConfig:
         return self.trunk_width // self.trunk_heads
 
     def num_tokens(self, num_cameras: int) -> int:
-        """Trunk sequence length: image tokens, language, state, two queries, delay token, prefix tokens."""
-        return num_cameras * self.image_tokens_per_camera + 5 + self.max_delay_steps
+        """Trunk sequence length: image tokens, language, state, two queries, then (when max_delay_steps > 0) the
+        delay token and max_delay_steps prefix tokens."""
+        delay_tokens = 1 + self.max_delay_steps if self.max_delay_steps > 0 else 0
+        return num_cameras * self.image_tokens_per_camera + 4 + delay_tokens

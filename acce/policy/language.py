@@ -49,6 +49,16 @@ class LanguageEncoder:
                 return np.zeros((0, self.dim), np.float32)
             return np.stack([self._cache[t] for t in texts])
 
+    def __getstate__(self) -> dict:
+        # Policies are pickled to remote actors and deep-copied; a lock cannot be, so each copy gets its own.
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def cache_size(self) -> int:
         return len(self._cache)

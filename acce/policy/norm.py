@@ -32,7 +32,8 @@ class NormStats:
             raise ValueError("normalization statistics are malformed: state_mean/state_std must be numeric (S,) "
                              "arrays; recompute them with NormStats.from_states(states)") from None
         if mean.shape != std.shape:
-            raise ValueError(f"normalization statistics are malformed: state_mean {mean.shape} vs state_std {std.shape}")
+            raise ValueError(f"normalization statistics are malformed: state_mean {mean.shape} vs state_std "
+                             f"{std.shape}")
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
             raise ValueError("normalization statistics are malformed: state_mean/state_std must be finite and "
                              "state_std > 0; recompute them with NormStats.from_states(states)")

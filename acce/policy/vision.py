@@ -60,6 +60,7 @@ class VisionEncoder(nn.Module):
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
         if cfg.freeze_vision:
             self.backbone.requires_grad_(False)
+        self.train()  # a fresh module is in training mode: freeze BatchNorm statistics from the start (see train)
 
     def backbone_config(self) -> dict[str, Any]:
         """The transformers config of the backbone, stored in checkpoints so loading needs no pretrained folder."""

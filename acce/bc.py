@@ -1,0 +1,68 @@
+"""Behavior-cloning warm start: record scripted-expert demos (the episode store), fit chunk means to them.
+
+VLA RL systems start RL from a supervised policy (SimpleVLA-RL, RLinf, AcceRL all fine-tune an SFT checkpoint);
+acce does the same in-process so the main job is one command. Every control step of a demo is a training decision:
+input o_t (no committed prefix, d = 0), target the next H demonstrated actions (masked past the episode's end).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Episode
+
+
+class DemoDataset:
+    def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int):
+        self.H, self.D, self.A = chunk_len, max_delay, action_dim
+        self.obs: dict[str, list[np.ndarray]] = {}
+        self.instructions: list[str] = []
+        self.task_ids: list[int] = []
+        targets, masks = [], []
+        for ep in episodes:
+            t_len = ep.num_steps
+            padded = np.concatenate([ep.action, np.zeros((chunk_len, action_dim), np.float32)])
+            for t in range(t_len):
+                for k, v in ep.obs.items():
+                    self.obs.setdefault(k, []).append(v[t])
+                self.instructions.append(ep.instruction)
+                self.task_ids.append(ep.task_id)
+                targets.append(padded[t:t + chunk_len])
+                masks.append(np.arange(chunk_len) < t_len - t)
+        if not targets:
+            raise ValueError("no demonstration steps to clone; record some episodes first (bc.episodes > 0)")
+        self.obs_arrays = {k: np.stack(v) for k, v in self.obs.items()}
+        self.targets, self.masks = np.stack(targets).astype(np.float32), np.stack(masks)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    @property
+    def states(self) -> np.ndarray:
+        return self.obs_arrays["state"]
+
+    def batch(self, idx: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        inputs: dict[str, Any] = {k: v[idx] for k, v in self.obs_arrays.items()}
+        inputs[INSTRUCTION_KEY] = [self.instructions[i] for i in idx]
+        inputs[TASK_ID_KEY] = np.asarray(self.task_ids, np.int64)[idx]
+        inputs["prefix"] = np.zeros((len(idx), self.D, self.A), np.float32)
+        inputs["delay_steps"] = np.zeros(len(idx), np.int64)
+        return inputs, self.targets[idx], self.masks[idx]
+
+
+def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
+             metrics=None) -> list[float]:
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    losses = []
+    bar = tqdm(range(steps), desc="bc warm start", unit="step", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
+        losses.append(learner.bc_step(inputs, target, mask))
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+            if metrics is not None:
+                metrics.scalars({"bc/loss": float(np.mean(losses[-20:]))}, step)
+    return losses

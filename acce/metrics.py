@@ -1,0 +1,58 @@
+"""Metrics: the single TensorBoard writer (x-axis = learner_version; env steps as progress/*).
+
+Every key written here is documented in docs/metrics.md (a test checks the prefixes).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "delay/", "wm/",
+            "eval/", "progress/", "learner/", "bc/", "curriculum/")
+"""metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/ internals)"""
+
+
+class Metrics:
+    def __init__(self, log_dir: str | Path, enabled: bool = True):
+        self.log_dir = Path(log_dir)
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(self.log_dir))
+        self.last: dict[str, float] = {}
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        for key, value in values.items():
+            if not key.startswith(PREFIXES):
+                raise ValueError(f"metric {key!r} has no documented group; use one of {PREFIXES}")
+            if value is None or not np.isfinite(value):
+                continue
+            self.last[key] = float(value)
+            if self.writer is not None:
+                self.writer.add_scalar(key, float(value), step)
+
+    def histogram(self, key: str, values: np.ndarray, step: int) -> None:
+        if self.writer is not None and len(values):
+            self.writer.add_histogram(key, np.asarray(values), step)
+
+    def video(self, key: str, frames: np.ndarray, step: int, fps: int = 10) -> None:
+        """frames: (T, H, W, 3) uint8."""
+        if self.writer is not None and len(frames):
+            import torch
+            vid = torch.from_numpy(np.asarray(frames)).permute(0, 3, 1, 2)[None]  # (1, T, 3, H, W)
+            self.writer.add_video(key, vid, step, fps=fps)
+
+    def image(self, key: str, image: np.ndarray, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_image(key, np.asarray(image), step, dataformats="HWC")
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

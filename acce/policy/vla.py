@@ -1,0 +1,343 @@
+"""The vision-language-action policy: observations (+ committed prefix, delay) -> Gaussian action chunk and value.
+
+Token sequence fed to the fusion trunk (a transformers BertModel over `inputs_embeds`), T = C*G*G + 4 (+ 1 + M):
+
+    [ image: C cameras x G x G, camera-major | lang | state | q_action | q_value | delay | prefix_0 … prefix_{M-1} ]
+
+Image tokens are the vision encoder's pooled feature map projected to the trunk width plus a factorized 2-D grid
+embedding; BERT's absolute position embedding gives every slot (and so every camera) its own identity. The trunk
+outputs at the two query slots feed the action-mean head (H*A) and the value head.
+
+Delay-aware input (DESIGN.md §5): the committed prefix (actions the robot executes while this call is in flight)
+enters as one token per action, only the first d valid, plus a learned delay token; the attention mask hides
+everything else. At d = 0 every one of these tokens is masked, so the outputs are bit-identical to the plain case
+(prefix=None is exactly "zeros, d = 0"). The tokens sit after the queries so masking never shifts a position.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from acce.policy.config import PolicyConfig
+from acce.policy.language import LanguageEncoder, make_language_encoder
+from acce.policy.norm import NormStats
+from acce.policy.vision import VisionEncoder
+from acce.types import IMAGE_PREFIX, STATE_KEY
+
+LANG_KEY = "lang"
+"""batch key of the (B, 384) float32 instruction embeddings (policy.embed(instructions))"""
+PREFIX_KEY = "prefix"
+"""batch key of the committed prefix, (B, max_delay_steps, A) float32; rows past delay_steps are ignored"""
+DELAY_KEY = "delay_steps"
+"""batch key of the inference delay d in control steps, (B,) int, 0 <= d <= max_delay_steps"""
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
+    """'' when `given` has exactly the keys and shapes of `expected`, else a one-line description."""
+    def few(names: list[str]) -> str:
+        return str(names[:3])[:-1] + (f", … +{len(names) - 3} more]" if len(names) > 3 else "]")
+
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    shapes = [f"{k} {tuple(np.shape(given[k]))} vs {tuple(expected[k].shape)}" for k in expected
+              if k in given and tuple(np.shape(given[k])) != tuple(expected[k].shape)]
+    parts = ([f"missing {few(missing)}"] if missing else []) + ([f"unexpected {few(unexpected)}"] if unexpected
+                                                               else []) + ([f"shape {few(shapes)}"] if shapes else [])
+    return "; ".join(parts)
+
+
+class VLAPolicy(nn.Module):
+    """Images + instruction embedding + proprioception (+ committed prefix, delay) -> chunk mean, log-std, value."""
+
+    def __init__(self, config: PolicyConfig, state_dim: int, action_dim: int, norm: NormStats | None,
+                 cameras: Sequence[str] = ("front",), *, vision_config: dict[str, Any] | None = None) -> None:
+        """`cameras`: names of the image/<camera> keys the policy reads. `vision_config`: the backbone's stored
+        transformers config (checkpoints pass it so no pretrained folder is needed to rebuild the network)."""
+        super().__init__()
+        if not isinstance(config, PolicyConfig):
+            raise ValueError(f"VLAPolicy needs a PolicyConfig, got {type(config).__name__}")
+        if not isinstance(norm, NormStats):
+            raise ValueError("VLAPolicy needs normalization statistics (NormStats); compute them with "
+                             "NormStats.from_states(states) from the demonstration/episode store")
+        if state_dim <= 0 or action_dim <= 0:
+            raise ValueError(f"state_dim and action_dim must be positive, got {state_dim} and {action_dim}")
+        if norm.state_dim != state_dim:
+            raise ValueError(f"normalization statistics are for state_dim={norm.state_dim}, the policy has "
+                             f"state_dim={state_dim}; recompute them on this env's states")
+        if "dim" in norm.action_repr and int(norm.action_repr["dim"]) != action_dim:
+            raise ValueError(f"norm.action_repr says dim={norm.action_repr['dim']}, the policy has "
+                             f"action_dim={action_dim}")
+        if [float(v) for v in norm.action_repr.get("range", (-1.0, 1.0))] != [-1.0, 1.0]:
+            raise ValueError(f"norm.action_repr range is {norm.action_repr['range']}; policy actions are normalized to "
+                             "[-1, 1] (DESIGN.md §3): map physical ranges in the env, not in the policy")
+        if not cameras or len(set(cameras)) != len(cameras):
+            raise ValueError(f"cameras must be a non-empty list of distinct names, got {list(cameras)}")
+        self.config = config
+        self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
+        self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
+        self.image_keys = tuple(IMAGE_PREFIX + c for c in self.cameras)
+        self._language: LanguageEncoder | None = None
+
+        width, grid, horizon, m = config.trunk_width, config.image_grid, config.chunk_len, config.max_delay_steps
+        self.num_image_tokens = len(self.cameras) * grid * grid
+        self.num_tokens = config.num_tokens(len(self.cameras))
+        self.vision = VisionEncoder(config, vision_config)
+        self.image_proj = nn.Linear(self.vision.out_channels, width)
+        self.grid_row = nn.Parameter(torch.randn(grid, 1, width) * 0.02)  # factorized 2-D position: row + column
+        self.grid_col = nn.Parameter(torch.randn(1, grid, width) * 0.02)
+        self.lang_proj = nn.Linear(config.lang_dim, width)
+        self.state_proj = nn.Linear(state_dim, width)
+        self.queries = nn.Parameter(torch.randn(2, width) * 0.02)  # (action, value)
+        if m > 0:
+            self.delay_embed = nn.Embedding(m, width)  # row d-1 for delay d >= 1; d = 0 is masked out anyway
+            self.prefix_proj = nn.Linear(action_dim, width)
+        self.trunk = self._build_trunk(config, self.num_tokens)
+        self.mean_head = nn.Linear(width, horizon * action_dim)
+        self.value_head = nn.Linear(width, 1)
+        # Near-zero initial mean: the first policy explores around "do nothing" instead of a random bias.
+        nn.init.normal_(self.mean_head.weight, std=0.01)
+        nn.init.zeros_(self.mean_head.bias)
+        self.log_std = nn.Parameter(torch.full((horizon, action_dim), float(config.init_log_std)))
+        # Derived from `norm`, which policy_state() stores on its own: one source of truth, so not persistent.
+        self.register_buffer("state_mean", torch.from_numpy(norm.state_mean.copy()), persistent=False)
+        self.register_buffer("state_std", torch.from_numpy(norm.state_std.copy()), persistent=False)
+
+    @staticmethod
+    def _build_trunk(config: PolicyConfig, num_tokens: int) -> nn.Module:
+        from transformers import BertConfig, BertModel
+
+        trunk = BertModel(BertConfig(
+            vocab_size=1, hidden_size=config.trunk_width, num_hidden_layers=config.trunk_layers,
+            num_attention_heads=config.trunk_heads, intermediate_size=config.trunk_mlp_ratio * config.trunk_width,
+            max_position_embeddings=num_tokens, type_vocab_size=1,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),  # no dropout: actor and learner agree
+            add_pooling_layer=False)
+        # Only inputs_embeds are used; the (1-row) word embedding never sees a gradient, so it is not trained.
+        trunk.embeddings.word_embeddings.requires_grad_(False)
+        return trunk
+
+    # --- inputs ---------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.log_std.device
+
+    @property
+    def language_encoder(self) -> LanguageEncoder:
+        if self._language is None:
+            self._language = make_language_encoder(self.config.language)
+        return self._language
+
+    def embed(self, instructions: Sequence[str]) -> np.ndarray:
+        """Instruction strings -> (N, 384) float32, cached per instruction (MiniLM loads once per process)."""
+        return self.language_encoder.encode(list(instructions))
+
+    def with_lang(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        """An env batch {"image/*", "state", "instruction": list[str]} plus batch["lang"] (its embeddings)."""
+        if "instruction" not in obs:
+            raise ValueError("observation batch has no 'instruction' to embed")
+        return {**obs, LANG_KEY: self.embed(list(obs["instruction"]))}
+
+    def _tensor(self, batch: Mapping[str, Any], key: str, dtypes: tuple[torch.dtype, ...], shape: tuple,
+                hint: str, finite: bool = True) -> torch.Tensor:
+        """batch[key] as a tensor on the policy's device; ValueError naming key, expectation and fix otherwise."""
+        if key not in batch:
+            raise ValueError(f"policy batch is missing {key!r}; {hint}")
+        value = batch[key]
+        try:
+            t = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"policy batch[{key!r}] is not an array ({type(value).__name__}); {hint}") from None
+        want = "(" + ", ".join(str(s) for s in shape) + ")"
+        if t.dtype not in dtypes or t.ndim != len(shape) or any(
+                isinstance(s, int) and t.shape[i] != s for i, s in enumerate(shape)):
+            names = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"policy batch[{key!r}] must be {names} {want}, got {str(t.dtype).removeprefix('torch.')}"
+                             f" {tuple(t.shape)}; {hint}")
+        if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            rows = torch.nonzero(~torch.isfinite(t.reshape(t.shape[0], -1)).all(1)).flatten()[:5].tolist()
+            raise ValueError(f"policy batch[{key!r}] contains NaN/inf (rows {rows}); {hint}")
+        return t.to(self.device, non_blocking=True)
+
+    def _inputs(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Validate a batch and return its tensors on the policy's device (images uint8, the rest float32/long)."""
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"policy input must be a dict of arrays, got {type(batch).__name__}")
+        extra = sorted(k for k in batch if k.startswith(IMAGE_PREFIX) and k not in self.image_keys)
+        if extra:
+            raise ValueError(f"policy batch has camera keys {extra} this policy was not built for; it reads "
+                             f"{list(self.image_keys)}")
+        cam_hint = f"pass raw camera pixels for {list(self.image_keys)}: uint8 (B, H, W, 3), same size for all"
+        first = self._tensor(batch, self.image_keys[0], (torch.uint8,), ("B", "H", "W", 3), cam_hint)
+        b, h, w = first.shape[:3]
+        out = {self.image_keys[0]: first}
+        for key in self.image_keys[1:]:
+            out[key] = self._tensor(batch, key, (torch.uint8,), (b, h, w, 3), cam_hint)
+        out[STATE_KEY] = self._tensor(batch, STATE_KEY, (torch.float32,), (b, self.state_dim),
+                                      "pass raw (unnormalized) proprioception as float32; the policy normalizes it")
+        out[LANG_KEY] = self._tensor(batch, LANG_KEY, (torch.float32,), (b, self.config.lang_dim),
+                                     "embed the instructions with policy.embed(instructions) or policy.with_lang(obs)")
+        m = self.config.max_delay_steps
+        if batch.get(PREFIX_KEY) is None:
+            delay = batch.get(DELAY_KEY)
+            if delay is not None and bool(np.any(np.asarray(delay.cpu() if torch.is_tensor(delay) else delay))):
+                raise ValueError("policy batch has delay_steps > 0 but no 'prefix'; pass the committed prefix "
+                                 f"(B, {m}, A) float32 too")
+            if m > 0:  # the plain case is exactly "no committed action, d = 0" (all delay tokens masked)
+                out[PREFIX_KEY] = torch.zeros(b, m, self.action_dim, device=self.device)
+                out[DELAY_KEY] = torch.zeros(b, dtype=torch.long, device=self.device)
+            return out
+        if m == 0:
+            raise ValueError("this policy has max_delay_steps=0 and takes no 'prefix'; drop it or raise "
+                             "policy.max_delay_steps")
+        out[PREFIX_KEY] = self._tensor(batch, PREFIX_KEY, (torch.float32,), (b, m, self.action_dim),
+                                       "pad the committed prefix to max_delay_steps rows (float32)", finite=False)
+        delay = self._tensor(batch, DELAY_KEY, (torch.int32, torch.int64, torch.int16, torch.uint8), (b,),
+                             "give the inference delay d per row, e.g. np.zeros(B, np.int64)").long()
+        if bool(((delay < 0) | (delay > m)).any()):
+            raise ValueError(f"policy batch['delay_steps'] must be in [0, {m}], got {delay.tolist()}")
+        valid = torch.arange(m, device=self.device)[None] < delay[:, None]  # (B, M)
+        if not bool(torch.isfinite(out[PREFIX_KEY][valid]).all()):
+            raise ValueError("policy batch['prefix'] has NaN/inf inside the committed (first delay_steps) rows")
+        # Rows past d are padding and may hold anything (NaN included); zero them so they cannot leak.
+        out[PREFIX_KEY] = torch.where(valid[..., None], out[PREFIX_KEY], torch.zeros((), device=self.device))
+        out[DELAY_KEY] = delay
+        return out
+
+    # --- network --------------------------------------------------------------------------------------------
+    def forward(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """batch -> (mean (B, H, A), log_std (H, A) clamped, value (B,))."""
+        x = self._inputs(batch)
+        b, cams, grid = x[STATE_KEY].shape[0], len(self.image_keys), self.config.image_grid
+        images = torch.cat([x[k] for k in self.image_keys]) if cams > 1 else x[self.image_keys[0]]  # (C*B, H, W, 3)
+        feats = self.image_proj(self.vision(images))  # (C*B, G*G, W)
+        feats = feats + (self.grid_row + self.grid_col).reshape(grid * grid, -1)
+        image_tokens = feats.reshape(cams, b, grid * grid, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
+        state = (x[STATE_KEY] - self.state_mean) / self.state_std  # (B, S) normalized
+        parts = [image_tokens, self.lang_proj(x[LANG_KEY])[:, None], self.state_proj(state)[:, None],
+                 self.queries.expand(b, -1, -1)]
+        mask = torch.ones(b, self.num_tokens, dtype=torch.long, device=self.device)
+        if self.config.max_delay_steps > 0:
+            delay = x[DELAY_KEY]  # (B,)
+            parts += [self.delay_embed((delay - 1).clamp(min=0))[:, None], self.prefix_proj(x[PREFIX_KEY])]
+            m = self.config.max_delay_steps
+            mask[:, -m - 1] = (delay > 0).long()  # the delay token
+            mask[:, -m:] = (torch.arange(m, device=self.device)[None] < delay[:, None]).long()  # first d prefix rows
+        hidden = self.trunk(inputs_embeds=torch.cat(parts, 1), attention_mask=mask).last_hidden_state  # (B, T, W)
+        query = self.num_image_tokens + 2
+        mean = self.mean_head(hidden[:, query]).view(b, self.config.chunk_len, self.action_dim)  # (B, H, A)
+        value = self.value_head(hidden[:, query + 1]).squeeze(-1)  # (B,)
+        log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)
+        return mean, log_std, value
+
+    @torch.no_grad()
+    def act(self, batch: Mapping[str, Any], deterministic: bool = False,
+            generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Sample a chunk. Returns chunk (B, H, A) raw Gaussian sample (clip to [-1, 1] only when executing), mean,
+        value (B,), log_std (H, A) and logp_steps (B, H): per-position log-density, so the actor can sum exactly the
+        executed span once it is known."""
+        mean, log_std, value = self(batch)
+        if deterministic:
+            chunk = mean.clone()
+        else:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            chunk = mean + log_std.exp() * noise
+        return {"chunk": chunk, "mean": mean, "value": value, "log_std": log_std,
+                "logp_steps": self.log_prob_steps(mean, log_std, chunk)}
+
+    def evaluate(self, batch: Mapping[str, Any], chunk: torch.Tensor, mask: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Learner view (with gradients): (log_prob (B,), entropy (B,), value (B,)) over positions where mask."""
+        mean, log_std, value = self(batch)
+        chunk = torch.as_tensor(chunk, device=self.device)
+        mask = torch.as_tensor(mask, device=self.device)
+        return self.log_prob(mean, log_std, chunk, mask), self.entropy(log_std, mask), value
+
+    # --- Gaussian math (static: the learner can use it on stored means) -------------------------------------
+    @staticmethod
+    def log_prob_steps(mean: torch.Tensor, log_std: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        """(B, H): log N(chunk | mean, exp(log_std)^2) summed over action dims; log_std (H, A) or (B, H, A)."""
+        z = (chunk - mean) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1)
+
+    @staticmethod
+    def _check_mask(mask: torch.Tensor, shape: tuple[int, ...]) -> None:
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
+            raise ValueError(f"mask must be bool {tuple(shape)} (True = executed position), got {mask.dtype} "
+                             f"{tuple(mask.shape)}")
+
+    @staticmethod
+    def log_prob(mean: torch.Tensor, log_std: torch.Tensor, chunk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B,): sum of Gaussian log-densities over the positions where mask (B, H) is True, all action dims.
+
+        Masked-out entries of `chunk` may hold anything (NaN padding included): they are replaced before any
+        arithmetic, so neither the value nor the gradient can see them."""
+        VLAPolicy._check_mask(mask, mean.shape[:2])
+        safe = torch.where(mask[..., None], chunk, mean.detach())  # (B, H, A)
+        steps = VLAPolicy.log_prob_steps(mean, log_std, safe)  # (B, H)
+        return torch.where(mask, steps, torch.zeros((), dtype=steps.dtype, device=steps.device)).sum(-1)
+
+    @staticmethod
+    def entropy(log_std: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B,): Gaussian entropy (0.5 + 0.5 log 2π + log σ per dim) summed over masked-in positions and dims."""
+        VLAPolicy._check_mask(mask, (mask.shape[0], log_std.shape[-2]))
+        steps = (0.5 + _HALF_LOG_2PI + log_std).sum(-1).expand(mask.shape)  # (B, H)
+        return torch.where(mask, steps, torch.zeros((), dtype=steps.dtype, device=steps.device)).sum(-1)
+
+    # --- state: checkpoints and weight publishing ------------------------------------------------------------
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """A snapshot (cloned tensors) of what training changes: parameters with requires_grad plus persistent
+        buffers (e.g. frozen BatchNorm statistics), i.e. what weight publishing must send."""
+        names = {n for n, p in self.named_parameters() if p.requires_grad} | {n for n, _ in self.named_buffers()}
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if k in names}
+
+    def load_trainable(self, state: Mapping[str, Any]) -> None:
+        """Load a trainable_state_dict() snapshot; all keys and shapes are checked before anything is written."""
+        problem = _state_dict_mismatch(self.trainable_state_dict(), state)
+        if problem:
+            raise ValueError(f"trainable weights do not match this policy ({problem}); were they published by a "
+                             "policy with the same config, state_dim, action_dim and cameras?")
+        self.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+
+    def policy_state(self) -> dict[str, Any]:
+        """Everything needed to rebuild this policy offline: plain dict for torch.save / checkpoints."""
+        return {"config": dataclasses.asdict(self.config), "state_dim": self.state_dim, "action_dim": self.action_dim,
+                "cameras": list(self.cameras), "norm": self.norm.to_dict(),
+                "vision_config": self.vision.backbone_config(),
+                "state_dict": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "VLAPolicy":
+        """Rebuild a policy from policy_state(); ValueError when norm stats are missing/malformed or shapes differ."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"policy state must be a dict from VLAPolicy.policy_state(), got {type(state).__name__}")
+        if state.get("norm") is None:
+            raise ValueError("checkpoint has no normalization statistics; it cannot be used (actions would be "
+                             "computed on unnormalized states). Save it with VLAPolicy.policy_state(), which "
+                             "includes them, or rebuild the policy with NormStats.from_states(states)")
+        norm = NormStats.from_dict(state["norm"])
+        missing = [k for k in ("config", "state_dim", "action_dim", "state_dict") if k not in state]
+        if missing:
+            raise ValueError(f"policy state lacks {missing}; save it with VLAPolicy.policy_state()")
+        known = {f.name for f in dataclasses.fields(PolicyConfig)}
+        unknown = sorted(set(state["config"]) - known)
+        if unknown:
+            raise ValueError(f"policy state's config has unknown fields {unknown}; was it saved by a newer acce?")
+        config = PolicyConfig(**state["config"])
+        with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
+            policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
+                         tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"))
+        problem = _state_dict_mismatch(policy.state_dict(), state["state_dict"])
+        if problem:
+            raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")
+        policy.load_state_dict({k: torch.as_tensor(v) for k, v in state["state_dict"].items()})
+        return policy
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,159 @@
+"""InferenceServer: batched policy inference with atomic, versioned weight swaps between batches.
+
+Requests from several rollout workers (or robot clients) are merged into one forward pass: the batching thread
+takes the first waiting request, then waits up to `timeout_ms` for more until `max_batch` rows. New weights are
+staged by `load_weights` and applied by the same thread *between* batches, so no request ever runs on a
+half-updated model (the swap and every forward pass happen on one thread, under one lock).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Mapping
+
+import numpy as np
+
+from acce.types import INSTRUCTION_KEY
+
+
+def _concat(batches: list[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in batches[0]:
+        if key == INSTRUCTION_KEY:
+            out[key] = [s for b in batches for s in b[key]]
+        else:
+            out[key] = np.concatenate([np.asarray(b[key]) for b in batches])
+    return out
+
+
+def _rows(batch: Mapping[str, Any]) -> int:
+    return len(batch[INSTRUCTION_KEY])
+
+
+class InferenceServer:
+    """Owns one policy network. `infer` is the direct in-thread path; `submit` goes through dynamic batching."""
+
+    def __init__(self, policy, *, max_batch: int = 64, timeout_ms: float = 2.0, seed: int = 0,
+                 deterministic: bool = False, name: str = "server"):
+        import torch
+
+        self.policy = policy.eval()
+        self.max_batch, self.timeout_s = int(max_batch), float(timeout_ms) / 1000.0
+        self.deterministic = deterministic
+        self.name = name
+        self._version = 0
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self._lock = threading.Lock()
+        self._staged: tuple[int, Any] | None = None
+        self._requests: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.stats = {"batches": 0, "rows": 0, "forward_s": 0.0, "swaps": 0, "swap_ms_total": 0.0,
+                      "swap_ms_last": 0.0}
+
+    # --- weights ------------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The version the next request will run on: staged weights are applied first (taking the lock means
+        no batch is running, so this is a batch boundary)."""
+        with self._lock:
+            self._apply_staged()
+            return self._version
+
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        """Stage weights; they take effect at the next batch boundary (atomic for every request)."""
+        with self._lock:
+            if version > self._version and (self._staged is None or version > self._staged[0]):
+                self._staged = (int(version), state)
+
+    def _apply_staged(self) -> None:
+        """Called with the lock held, between batches only."""
+        if self._staged is None:
+            return
+        import torch
+
+        version, state = self._staged
+        t0 = time.perf_counter()
+        self.policy.load_trainable({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+        self._version, self._staged = version, None
+        ms = (time.perf_counter() - t0) * 1000.0
+        self.stats["swaps"] += 1
+        self.stats["swap_ms_total"] += ms
+        self.stats["swap_ms_last"] = ms
+
+    # --- inference ----------------------------------------------------------------------------------------------
+    def infer(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """One forward pass on this batch (applies staged weights first). Returns numpy arrays + the version."""
+        import torch
+
+        with self._lock:
+            self._apply_staged()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = self.policy.act(self.policy.with_lang(batch), deterministic=self.deterministic,
+                                      generator=self.generator)
+            self.stats["forward_s"] += time.perf_counter() - t0
+            self.stats["batches"] += 1
+            self.stats["rows"] += _rows(batch)
+            return {"chunk": out["chunk"].numpy(), "mean": out["mean"].numpy(), "value": out["value"].numpy(),
+                    "logp_pos": out["logp_steps"].numpy(), "version": self._version}
+
+    def submit(self, batch: Mapping[str, Any]) -> Future:
+        """Queue a request for dynamic batching; the future resolves to the same dict as `infer`."""
+        if self._thread is None:
+            self.start()
+        fut: Future = Future()
+        self._requests.put((dict(batch), fut))
+        return fut
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name=f"{self.name}-batcher", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._requests.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            pending = [first]
+            rows = _rows(first[0])
+            deadline = time.perf_counter() + self.timeout_s
+            while rows < self.max_batch:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._requests.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                pending.append(item)
+                rows += _rows(item[0])
+            try:
+                result = self.infer(_concat([b for b, _ in pending]))
+            except Exception as exc:  # a bad request fails its own future(s), never the server thread
+                for _, fut in pending:
+                    fut.set_exception(exc)
+                continue
+            start = 0
+            for b, fut in pending:
+                n = _rows(b)
+                fut.set_result({k: (v[start:start + n] if isinstance(v, np.ndarray) else v)
+                                for k, v in result.items()})
+                start += n
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        return {"weights/version_loaded": self._version, "weights/swaps": s["swaps"],
+                "weights/swap_ms": s["swap_ms_last"],
+                "throughput/inference_rows_per_batch": s["rows"] / max(s["batches"], 1)}

@@ -1,0 +1,183 @@
+"""Learner: chunk-level actor-critic on segments, off-policy corrected against the behavior policy.
+
+One `update(segments)` = measure staleness at consumption (queue time counts) and exclude (and count) segments
+beyond `max_staleness`; compute proximal log-probs and values with the current weights; advantages by GAE or
+V-trace over semi-Markov decisions (rewards and discounts of the executed spans); then `epochs x minibatches`
+optimizer steps of decoupled PPO or GIPO + value loss − entropy bonus. `version` counts optimizer steps.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gipo_loss, value_loss
+from acce.algo.returns import gae, vtrace
+from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Segment
+
+
+def collate(segments: Sequence[Segment]) -> dict[str, Any]:
+    """B segments of T decisions -> flat (B*T) policy inputs + (B, T) credit arrays + bootstrap rows."""
+    b, t = len(segments), len(segments[0])
+    if any(len(s) != t for s in segments):
+        raise ValueError("segments in one batch must have the same length")
+    obs = {k: np.concatenate([s.obs[k] for s in segments]) for k in segments[0].obs}
+    inputs = {**obs, INSTRUCTION_KEY: [i for s in segments for i in s.instruction],
+              TASK_ID_KEY: np.concatenate([s.task_id for s in segments]),
+              "prefix": np.concatenate([s.prefix for s in segments]),
+              "delay_steps": np.concatenate([s.delay_steps for s in segments]).astype(np.int64)}
+    offsets = np.cumsum([0] + [len(s.bootstrap[INSTRUCTION_KEY]) for s in segments])
+    boot = {k: np.concatenate([s.bootstrap[k] for s in segments]) for k in segments[0].bootstrap
+            if k != INSTRUCTION_KEY}
+    boot[INSTRUCTION_KEY] = [i for s in segments for i in s.bootstrap[INSTRUCTION_KEY]]
+    boot["delay_steps"] = boot["delay_steps"].astype(np.int64)
+    next_index = np.stack([np.where(s.next_index >= 0, s.next_index + offsets[j], -1) for j, s in enumerate(segments)])
+
+    def stack(name: str) -> np.ndarray:
+        return np.stack([getattr(s, name) for s in segments])
+    return {"inputs": inputs, "boot": boot, "B": b, "T": t, "chunk": np.concatenate([s.chunk for s in segments]),
+            "mask": np.concatenate([s.exec_mask for s in segments]), "behavior_logp": stack("behavior_logp"),
+            "behavior_value": stack("behavior_value"), "reward": stack("reward"), "discount": stack("discount"),
+            "episode_end": stack("terminated") | stack("truncated"), "next_index": next_index,
+            "behavior_version": stack("behavior_version"), "exec_len": stack("exec_len"),
+            "delay_steps": stack("delay_steps")}
+
+
+def _select(inputs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
+    return {k: ([v[i] for i in idx] if k == INSTRUCTION_KEY else v[idx]) for k, v in inputs.items()}
+
+
+class Learner:
+    def __init__(self, policy, cfg, *, seed: int = 0):
+        """cfg: acce.config.LearnerConfig."""
+        self.policy, self.cfg = policy, cfg
+        self.optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
+                                          eps=1e-5)
+        self.version = 0
+        self.rng = np.random.default_rng(seed)
+        self.excluded_segments = 0
+        self.consumed_segments = 0
+        self.consumed_env_steps = 0
+
+    # --- weights ------------------------------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, np.ndarray]:
+        return {k: v.cpu().numpy() for k, v in self.policy.trainable_state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.policy_state(), "optimizer": self.optimizer.state_dict(),
+                "version": self.version, "rng": self.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "excluded_segments": self.excluded_segments,
+                "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"]["state_dict"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        for k in ("excluded_segments", "consumed_segments", "consumed_env_steps"):
+            setattr(self, k, int(state[k]))
+
+    # --- update -------------------------------------------------------------------------------------------------
+    def admit(self, segments: Sequence[Segment]) -> tuple[list[Segment], dict[str, float]]:
+        """Staleness at consumption; segments beyond max_staleness are excluded and counted, never silently."""
+        stale = [self.version - int(s.behavior_version.min()) for s in segments]
+        keep = [s for s, st in zip(segments, stale) if self.cfg.max_staleness < 0 or st <= self.cfg.max_staleness]
+        self.excluded_segments += len(segments) - len(keep)
+        per_decision = np.concatenate([self.version - s.behavior_version for s in segments])
+        now = time.time()
+        return keep, {"staleness/mean": float(per_decision.mean()), "staleness/max": float(per_decision.max()),
+                      "staleness/excluded_segments": float(self.excluded_segments),
+                      "queue/wait_s_mean": float(np.mean([now - s.created_s for s in segments]))}
+
+    @torch.no_grad()
+    def _targets(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
+        cfg, b, t = self.cfg, data["B"], data["T"]
+        self.policy.eval()
+        mask = torch.as_tensor(data["mask"])
+        logp_prox, _, values = self.policy.evaluate(self.policy.with_lang(data["inputs"]), torch.as_tensor(
+            data["chunk"]), mask)
+        _, _, boot_values = self.policy(self.policy.with_lang(data["boot"]))
+        values = values.view(b, t)
+        if not cfg.recompute_values:
+            values = torch.as_tensor(data["behavior_value"])
+        following = torch.cat([values[:, 1:], values[:, -1:]], 1)
+        ni = torch.as_tensor(data["next_index"])
+        next_values = torch.where(ni >= 0, boot_values[ni.clamp(min=0)], following)
+        rewards, discounts = torch.as_tensor(data["reward"]), torch.as_tensor(data["discount"])
+        ends = torch.as_tensor(data["episode_end"])
+        behavior_logp = torch.as_tensor(data["behavior_logp"])
+        if cfg.advantage == "gae":
+            adv, returns = gae(rewards, discounts, values, next_values, ends, cfg.lam)
+        else:
+            vs, _ = vtrace(rewards, discounts, values, next_values, ends, logp_prox.view(b, t) - behavior_logp,
+                           rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar, lam=cfg.lam)
+            vs_following = torch.cat([vs[:, 1:], next_values[:, -1:]], 1)
+            vs_next = torch.where(ni >= 0, next_values, vs_following)
+            adv, returns = rewards + discounts * vs_next - values, vs  # no rho here: the loss applies its own IS
+        return {"adv": adv.reshape(-1), "returns": returns.reshape(-1), "logp_prox": logp_prox,
+                "behavior_logp": behavior_logp.reshape(-1), "old_values": values.reshape(-1)}
+
+    def update(self, segments: Sequence[Segment]) -> dict[str, float]:
+        t_start = time.perf_counter()
+        segments, metrics = self.admit(segments)
+        if not segments:
+            return metrics
+        cfg = self.cfg
+        data = collate(segments)
+        tg = self._targets(data)
+        adv = tg["adv"]
+        if cfg.normalize_advantages and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        n = adv.numel()
+        chunk, mask = torch.as_tensor(data["chunk"]), torch.as_tensor(data["mask"])
+        pg_mask = mask.any(1)
+        self.policy.train()
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(cfg.epochs):
+            perm = self.rng.permutation(n)
+            for idx in np.array_split(perm, cfg.minibatches):
+                it = torch.as_tensor(idx)
+                batch = self.policy.with_lang(_select(data["inputs"], idx))
+                logp, entropy, values = self.policy.evaluate(batch, chunk[it], mask[it])
+                args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
+                if cfg.algorithm == "ppo":
+                    pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
+                else:
+                    pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
+                vl = value_loss(values, tg["returns"][it], tg["old_values"][it], clip=cfg.value_clip)
+                ent = entropy_bonus(entropy, mask=pg_mask[it])
+                loss = pl + cfg.vf_coef * vl - cfg.ent_coef * ent
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                self.version += 1
+                steps += 1
+                for k, v in {**stats, "loss/policy": float(pl), "loss/value": float(vl), "loss/entropy": float(ent),
+                             "loss/grad_norm": float(grad_norm)}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        self.consumed_segments += len(segments)
+        self.consumed_env_steps += int(data["exec_len"].sum())
+        metrics.update({k: v / steps for k, v in sums.items()})
+        metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
+                        "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
+                        "learner/return_mean": float(tg["returns"].mean()),
+                        "learner/log_std_mean": float(self.policy.log_std.mean())})
+        return metrics
+
+    # --- behavior cloning warm start ----------------------------------------------------------------------------
+    def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray) -> float:
+        """One supervised step: chunk means regress the demonstrated actions (positions where mask)."""
+        self.policy.train()
+        mean, _, _ = self.policy(self.policy.with_lang(inputs))
+        m = torch.as_tensor(mask)[..., None].float()
+        loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return float(loss)

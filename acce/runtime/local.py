@@ -1,0 +1,105 @@
+"""runtime: local — the same roles in one process, interleaved deterministically (debugging and tests).
+
+async: workers take turns producing segments into the bounded queue; the learner updates whenever a batch is
+ready and publishes; the server swaps at its next batch. The StalenessGate paces producers exactly as on Ray.
+sync: the barrier baseline — every env produces one segment with the round's weights, the learner consumes the
+whole round, publishes, and the next round opens.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable
+
+from acce.runtime.inference import InferenceServer
+from acce.runtime.queue import StalenessGate, SyncGate
+from acce.runtime.weights import WeightStore
+from acce.runtime.worker import RolloutWorker
+
+
+class LocalRuntime:
+    def __init__(self, cfg, learner, make_env: Callable[[int], Any], *, make_latency=None, on_episode=None):
+        from acce.policy.vla import VLAPolicy
+
+        self.cfg, self.learner = cfg, learner
+        r, lc = cfg.rollout, cfg.learner
+        server_policy = VLAPolicy.from_state(learner.policy.policy_state())
+        self.server = InferenceServer(server_policy, max_batch=cfg.runtime.max_batch,
+                                      timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7)
+        self.weights = WeightStore()
+        self.sync = cfg.runtime.mode == "sync"
+        envs = [make_env(w) for w in range(r.num_workers)]
+        total_envs = sum(e.num_envs for e in envs)
+        self.gate = SyncGate(total_envs) if self.sync else StalenessGate(lc.batch_segments, lc.steps_per_update,
+                                                                         lc.max_staleness)
+        self.workers = [RolloutWorker(env, self.server, worker_id=w, segment_len=r.segment_len,
+                                      chunk_len=cfg.policy.chunk_len, exec_horizon=r.execution_horizon,
+                                      max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma,
+                                      delay_aware=lc.delay_correction,
+                                      latency=make_latency(w) if make_latency else None, gate=self.gate)
+                        for w, env in enumerate(envs)]
+        self.queue: collections.deque = collections.deque()
+        self.on_episode = on_episode
+        self._turn = 0
+        self.idle = {"learner_wait_s": 0.0, "actor_wait_s": 0.0}
+
+    def start(self) -> None:
+        self.publish()
+
+    def publish(self) -> None:
+        state = self.learner.trainable_state()
+        self.weights.publish(self.learner.version, state)
+        self.server.load_weights(self.learner.version, state)
+        if self.sync:
+            self.gate.open_round(self.learner.version)
+
+    def _episodes(self, worker: RolloutWorker) -> list[dict]:
+        eps = worker.drain_episodes()
+        for ep in eps:
+            ep["worker_id"] = worker.worker_id
+            if self.on_episode is not None:
+                self.on_episode(ep)
+        return eps
+
+    def poll(self) -> dict[str, Any]:
+        updates, episodes = [], []
+        if self.sync:
+            segments = []
+            for w in self.workers:
+                # apply the round's weights before sampling: the server swaps at its next batch
+                segments += w.collect(min_segments=w.env.num_envs)
+                episodes += self._episodes(w)
+            updates.append(self.learner.update(segments))
+            self.publish()
+        else:
+            cap, b = self.cfg.runtime.queue_capacity, self.cfg.learner.batch_segments
+            if len(self.queue) < cap:
+                w = self.workers[self._turn % len(self.workers)]
+                self._turn += 1
+                for seg in w.collect(min_segments=1, max_steps=64):
+                    self.queue.append(seg)
+                episodes += self._episodes(w)
+            while len(self.queue) >= b:
+                batch = [self.queue.popleft() for _ in range(b)]
+                updates.append(self.learner.update(batch))
+                self.publish()
+        return {"updates": updates, "episodes": episodes}
+
+    def learner_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def policy_state(self) -> dict[str, Any]:
+        return self.learner.policy.policy_state()
+
+    def stats(self) -> dict[str, float]:
+        env_steps = sum(w.stats["env_steps"] for w in self.workers)
+        return {"env_steps": env_steps, "learner_version": self.learner.version,
+                "server_version": self.server.version, "queue_size": len(self.queue),
+                "queue_capacity": self.cfg.runtime.queue_capacity, "swap_ms": self.server.stats["swap_ms_last"],
+                "worker_stats": [dict(w.stats) for w in self.workers]}
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.server.stop()
+        time.sleep(0)

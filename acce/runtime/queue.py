@@ -1,0 +1,120 @@
+"""RolloutQueue (bounded, producers block: pacing, not dropping) and the gates that bound staleness.
+
+Staleness = learner_version at consumption − behavior_version (queue time counts). Segments are consumed FIFO in
+batches of `batch_segments`, each batch followed by `steps_per_batch` optimizer steps, so the n-th segment admitted
+is consumed at learner version (n // batch_segments) * steps_per_batch. The StalenessGate admits a new segment
+sampled with weights v only if that consumption version − v ≤ max_staleness; otherwise the producer waits for
+fresher weights. Nothing is dropped; a segment that still arrives too stale (out-of-order completion across
+workers) is excluded by the learner and counted.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+
+class RolloutQueue:
+    """Bounded FIFO; `put` blocks while full (timeout -> TimeoutError), `get_batch` blocks until n items."""
+
+    def __init__(self, capacity: int):
+        if capacity <= 0:
+            raise ValueError(f"queue capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self._items: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self.put_wait_s = 0.0
+        self.get_wait_s = 0.0
+        self.puts = 0
+        self.full_waits = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: Any, timeout_s: float | None = None) -> None:
+        t0 = time.perf_counter()
+        with self._cv:
+            if len(self._items) >= self.capacity:
+                self.full_waits += 1
+            if not self._cv.wait_for(lambda: len(self._items) < self.capacity, timeout=timeout_s):
+                raise TimeoutError(f"rollout queue stayed full for {timeout_s} s (is the learner alive?)")
+            self._items.append(item)
+            self.puts += 1
+            self.put_wait_s += time.perf_counter() - t0
+            self._cv.notify_all()
+
+    def try_put(self, item: Any) -> bool:
+        with self._cv:
+            if len(self._items) >= self.capacity:
+                self.full_waits += 1
+                return False
+            self._items.append(item)
+            self.puts += 1
+            self._cv.notify_all()
+            return True
+
+    def get_batch(self, n: int, timeout_s: float | None = None) -> list[Any]:
+        if n > self.capacity:
+            raise ValueError(f"batch of {n} can never fill a queue of capacity {self.capacity}")
+        t0 = time.perf_counter()
+        with self._cv:
+            if not self._cv.wait_for(lambda: len(self._items) >= n, timeout=timeout_s):
+                raise TimeoutError(f"no {n} segments within {timeout_s} s (are the rollout workers alive?)")
+            batch = [self._items.popleft() for _ in range(n)]
+            self.get_wait_s += time.perf_counter() - t0
+            self._cv.notify_all()
+            return batch
+
+    def stats(self) -> dict[str, float]:
+        return {"queue/size": len(self._items), "queue/capacity": self.capacity,
+                "queue/put_wait_s": self.put_wait_s, "queue/get_wait_s": self.get_wait_s,
+                "queue/full_waits": self.full_waits}
+
+
+class StalenessGate:
+    """Admission by predicted staleness at consumption (see module docstring). max_staleness < 0: unbounded."""
+
+    def __init__(self, batch_segments: int, steps_per_batch: int, max_staleness: int):
+        self.batch_segments, self.steps_per_batch, self.max_staleness = batch_segments, steps_per_batch, max_staleness
+        self.admitted = 0
+        self.denied = 0
+        self._lock = threading.Lock()
+
+    def predicted_consumption_version(self, n: int) -> int:
+        return (n // self.batch_segments) * self.steps_per_batch
+
+    def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
+        with self._lock:
+            if self.max_staleness >= 0 and \
+                    self.predicted_consumption_version(self.admitted) - version > self.max_staleness:
+                self.denied += 1
+                return False
+            self.admitted += 1
+            return True
+
+
+class SyncGate:
+    """The barrier baseline: each round admits exactly one segment per env, all sampled with the round's weights;
+    the next round opens when the learner has consumed the round and the servers run the new version."""
+
+    def __init__(self, segments_per_round: int):
+        self.segments_per_round = segments_per_round
+        self.round_version = 0
+        self.admitted_this_round = 0
+        self._taken: set[tuple[int, int]] = set()
+        self.denied = 0
+
+    def open_round(self, version: int) -> None:
+        self.round_version, self.admitted_this_round = version, 0
+        self._taken.clear()
+
+    def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
+        key = (worker_id, env_index)
+        if version != self.round_version or key in self._taken or \
+                self.admitted_this_round >= self.segments_per_round:
+            self.denied += 1
+            return False
+        self._taken.add(key)
+        self.admitted_this_round += 1
+        return True

@@ -1,0 +1,175 @@
+"""RolloutWorker: owns a vector of envs, sends one inference request per chunk per env, builds complete segments.
+
+Placement-agnostic: the policy is anything with `infer(batch) -> {chunk, logp_pos, value, version}` and a
+`version` attribute (the in-process InferenceServer, or a handle to a remote one); the gate decides whether an
+env may start a new segment with the weights it has (staleness pacing / the synchronous barrier).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline
+from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, LatencyModel, Segment
+
+
+class Gate(Protocol):
+    def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
+        """May this env start a new segment sampled with weights `version`?"""
+        ...
+
+
+class PolicyClient(Protocol):
+    version: int
+
+    def infer(self, batch: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class RolloutWorker:
+    def __init__(self, env, policy: PolicyClient, *, worker_id: int = 0, segment_len: int = 8, chunk_len: int = 8,
+                 exec_horizon: int = 4, max_delay: int = 0, gamma: float = 0.99, delay_aware: bool = True,
+                 latency: LatencyModel | None = None, source: str = "sim", gate: Gate | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.env, self.policy, self.gate = env, policy, gate
+        self.worker_id, self.segment_len, self.source, self.clock = worker_id, segment_len, source, clock
+        self.latency = latency
+        self.max_delay = max_delay
+        n = env.num_envs
+        self.timelines = [EnvTimeline(chunk_len, exec_horizon, max_delay, env.action_dim, gamma, delay_aware)
+                          for _ in range(n)]
+        for i, tl in enumerate(self.timelines):
+            tl.new_episode(episode_id=i)  # ids unique per worker: slot i uses i, i + N, i + 2N, ...
+        self.waiting: dict[int, tuple[DecisionInput, int]] = {}
+        self.ticket = np.zeros(n, bool)
+        self.paused = np.zeros(n, bool)
+        self.episodes: list[dict[str, Any]] = []
+        """finished episodes (return, length, success, task_id, seed) not yet drained by the runtime"""
+        self.stats = {"env_steps": 0, "decisions": 0, "segments": 0, "env_time_s": 0.0, "infer_time_s": 0.0,
+                      "render_time_s": 0.0, "paused_steps": 0, "delay_clamped": 0}
+        self._reset_done = False
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+    def _sample_delay(self) -> int:
+        if self.latency is None:
+            return 0
+        d = int(self.latency.sample_steps())
+        if d > self.max_delay:
+            self.stats["delay_clamped"] += 1
+            d = self.max_delay
+        return d
+
+    @staticmethod
+    def _rows(batch: dict[str, Any], k: int) -> dict[str, Any]:
+        return {key: (v[k] if key != INSTRUCTION_KEY else v[k]) for key, v in batch.items()}
+
+    def _observe(self, idx: list[int]) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        batch = self.env.observe(idx)
+        self.stats["render_time_s"] += time.perf_counter() - t0
+        return [self._rows(batch, k) for k in range(len(idx))]
+
+    def _pop(self, i: int, out: list[Segment]) -> None:
+        seg = self.timelines[i].pop_segment(self.segment_len, source=self.source, worker_id=self.worker_id,
+                                            env_index=i, created_s=self.clock())
+        if seg is not None:
+            out.append(seg)
+            self.ticket[i] = False
+            self.stats["segments"] += 1
+
+    def _decide(self, out: list[Segment]) -> None:
+        """Observe envs with a decision due, close finished windows, then sample where the gate allows."""
+        due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting]
+        if due:
+            for i, row in zip(due, self._observe(due)):
+                d = self._sample_delay()
+                inp = self.timelines[i].make_input(row, d)
+                self.timelines[i].on_input(inp, d)
+                self.waiting[i] = (inp, d)
+                self._pop(i, out)
+        go = []
+        for i in sorted(self.waiting):
+            if not self.ticket[i]:
+                if self.gate is not None and not self.gate.try_acquire(self.worker_id, i, int(self.policy.version)):
+                    continue
+                self.ticket[i] = True
+            go.append(i)
+        self.paused[:] = False
+        self.paused[list(set(self.waiting) - set(go))] = True
+        if not go:
+            return
+        inputs = [self.waiting.pop(i) for i in go]
+        batch = self._batch([inp for inp, _ in inputs])
+        t0 = time.perf_counter()
+        result = self.policy.infer(batch)
+        self.stats["infer_time_s"] += time.perf_counter() - t0
+        now = self.clock()
+        for k, (i, (inp, d)) in enumerate(zip(go, inputs)):
+            tl = self.timelines[i]
+            tl.add_decision(Decision(inp=inp, chunk=np.asarray(result["chunk"][k], np.float32),
+                                     logp_pos=np.asarray(result["logp_pos"][k], np.float32),
+                                     value=float(result["value"][k]), version=int(result["version"]), t=tl.t,
+                                     delay_steps=d, episode_id=tl.episode_id, timestamp_s=now))
+        self.stats["decisions"] += len(go)
+
+    @staticmethod
+    def _batch(inputs: list[DecisionInput]) -> dict[str, Any]:
+        keys = [k for k in inputs[0].obs if k not in (INSTRUCTION_KEY, TASK_ID_KEY)]
+        batch: dict[str, Any] = {k: np.stack([np.asarray(x.obs[k]) for x in inputs]) for k in keys}
+        batch[INSTRUCTION_KEY] = [x.obs[INSTRUCTION_KEY] for x in inputs]
+        batch[TASK_ID_KEY] = np.array([x.obs[TASK_ID_KEY] for x in inputs], np.int64)
+        batch["prefix"] = np.stack([x.prefix for x in inputs])
+        batch["delay_steps"] = np.array([x.delay_steps for x in inputs], np.int64)
+        return batch
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def collect(self, min_segments: int = 1, max_steps: int | None = None) -> list[Segment]:
+        """Run control steps until `min_segments` segments are complete (or every env waits on the gate, or
+        `max_steps` steps ran). Returns the complete segments; partial work stays in the timelines."""
+        if not self._reset_done:
+            self.env.reset()
+            self._reset_done = True
+        out: list[Segment] = []
+        steps = 0
+        while len(out) < min_segments and (max_steps is None or steps < max_steps):
+            self._decide(out)
+            if len(out) >= min_segments:
+                break
+            if self.paused.all():
+                break
+            active = ~self.paused
+            actions = np.zeros((self.env.num_envs, self.env.action_dim), np.float32)
+            for i in np.flatnonzero(active):
+                actions[i] = self.timelines[i].action()
+            t0 = time.perf_counter()
+            step = self.env.step(actions, render=False, active=active)
+            self.stats["env_time_s"] += time.perf_counter() - t0
+            self.stats["env_steps"] += int(active.sum())
+            self.stats["paused_steps"] += int((~active).sum())
+            steps += 1
+            for i in np.flatnonzero(active):
+                tl = self.timelines[i]
+                tl.record(step.reward[i], step.success[i])
+                if step.terminated[i] or step.truncated[i]:
+                    row = dict(step.final_obs[i])
+                    row[TASK_ID_KEY] = int(step.info["task_id"][i])
+                    final = DecisionInput(obs=row, prefix=np.zeros((tl.D, tl.A), np.float32), delay_steps=0)
+                    self.episodes.append({"return": float(step.info["episode_return"][i]),
+                                          "length": int(step.info["episode_length"][i]),
+                                          "success": bool(step.episode_success[i]),
+                                          "task_id": int(step.info["task_id"][i]), "source": self.source,
+                                          "seed": int(step.info["seed"][i])})
+                    next_id = tl.episode_id + self.env.num_envs
+                    tl.end_episode(bool(step.terminated[i]), bool(step.truncated[i]), final)
+                    tl.new_episode(next_id)
+                    self.waiting.pop(i, None)
+                self._pop(i, out)
+        return out
+
+    def drain_episodes(self) -> list[dict[str, Any]]:
+        eps, self.episodes = self.episodes, []
+        return eps
+
+    def close(self) -> None:
+        self.env.close()
