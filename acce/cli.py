@@ -84,6 +84,62 @@ def cmd_collect(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from acce.train import train
+    if args.resume:
+        from acce.config import load
+        base = Path(args.resume) / "config.yaml"
+        if not base.is_file():
+            raise FileNotFoundError(f"{args.resume} has no config.yaml; pass the run directory of an acce train run")
+        cfg = load(base, list(args.overrides))
+    else:
+        cfg = _load(args)
+    summary = train(cfg, resume=args.resume, progress=not args.quiet)
+    if args.quiet:
+        print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=str))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from acce.checkpoint import load_checkpoint, policy_from_checkpoint
+    from acce.config import Config
+    from acce.configlib import load_config
+    from acce.runtime.evaluator import Evaluator, format_eval
+    from acce.runtime.inference import InferenceServer
+    from acce.train import make_latency
+    from acce.wiring import eval_env_factory
+    import tempfile
+    import yaml
+
+    data = load_checkpoint(args.checkpoint)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(data["config"], f)
+    cfg = load_config(Config, f.name, list(args.overrides))
+    Path(f.name).unlink()
+    server = InferenceServer(policy_from_checkpoint(data), deterministic=True)
+    server._version = int(data["learner"]["version"])
+    tasks = args.task or list(cfg.env.tasks)
+    ev = Evaluator(eval_env_factory(cfg), server, tasks=tasks, episodes=args.episodes, num_envs=cfg.eval.num_envs,
+                   chunk_len=cfg.policy.chunk_len, exec_horizon=cfg.rollout.execution_horizon,
+                   max_delay=cfg.policy.max_delay_steps, latency=make_latency(cfg, cfg.run.seed + 999),
+                   delay_aware=cfg.learner.delay_correction)
+    results = ev.run(video=bool(args.video_dir))
+    videos = results.pop("videos")
+    print(format_eval(results))
+    if args.video_dir:
+        import imageio
+        Path(args.video_dir).mkdir(parents=True, exist_ok=True)
+        for task, frames in videos.items():
+            imageio.mimsave(Path(args.video_dir) / f"{task}.gif", list(frames), duration=0.1)
+        print(f"videos in {args.video_dir}")
+    if args.out:
+        results["checkpoint_version"] = server._version
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from acce.bench import run_bench
     cfg = _load(args)
@@ -116,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of collecting, append a LeRobotDataset v3 directory to the store")
     _add_config_args(p)
     p.set_defaults(fn=cmd_collect)
+
+    p = sub.add_parser("train", help="train a policy (the main job: --config configs/default.yaml)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run (same versions, same TensorBoard)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print the summary as JSON")
+    _add_config_args(p)
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on test seeds (train and held-out paraphrases)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
+    p.add_argument("--out", default=None, help="JSON result file")
+    p.add_argument("--episodes", type=int, default=50, help="test-seed episodes per task and split")
+    p.add_argument("--task", action="append", help="task(s) to evaluate; default: the run's tasks")
+    p.add_argument("--video-dir", dest="video_dir", default=None, help="save one GIF per task here")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of the checkpoint's config (e.g. delay.fixed_steps=4)")
+    p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
     p.add_argument("name", help="benchmark: sim | experts")

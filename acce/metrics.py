@@ -38,11 +38,24 @@ class Metrics:
             self.writer.add_histogram(key, np.asarray(values), step)
 
     def video(self, key: str, frames: np.ndarray, step: int, fps: int = 10) -> None:
-        """frames: (T, H, W, 3) uint8."""
-        if self.writer is not None and len(frames):
-            import torch
-            vid = torch.from_numpy(np.asarray(frames)).permute(0, 3, 1, 2)[None]  # (1, T, 3, H, W)
-            self.writer.add_video(key, vid, step, fps=fps)
+        """frames: (T, H, W, 3) uint8, written as an animated GIF image summary (what TensorBoard plays).
+
+        Not SummaryWriter.add_video: it needs moviepy<2 (it imports moviepy.editor, removed in moviepy 2.0); the
+        GIF is the same summary it would write, encoded with Pillow (already installed)."""
+        if self.writer is None or not len(frames):
+            return
+        import io
+
+        from PIL import Image
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        frames = np.asarray(frames, dtype=np.uint8)
+        buf = io.BytesIO()
+        images = [Image.fromarray(f) for f in frames]
+        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        t, h, w, c = frames.shape
+        summary = Summary(value=[Summary.Value(tag=key, image=Summary.Image(
+            height=h, width=w, colorspace=c, encoded_image_string=buf.getvalue()))])
+        self.writer._get_file_writer().add_summary(summary, step)
 
     def image(self, key: str, image: np.ndarray, step: int) -> None:
         if self.writer is not None:

@@ -32,3 +32,61 @@ def task_table() -> list[dict]:
                      "heldout_instructions": list(cls.heldout_templates), "doc": (cls.__module__ and
                      __import__(cls.__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]})
     return rows
+
+
+def make_latency_model(cfg, seed: int):
+    """The configured inference-latency model (None when there is no latency)."""
+    d = cfg.delay
+    if d.model == "fixed" and d.fixed_steps == 0:
+        return None
+    from sim.latency import make_latency_model as make
+    return make(d.model, control_hz=10.0, seed=seed, fixed_steps=d.fixed_steps, low_s=d.low_s, high_s=d.high_s,
+                path=d.path or None)
+
+
+class _RolloutEnvFactory:
+    """Picklable (Ray ships it to worker processes): worker id -> that worker's training vector env."""
+
+    def __init__(self, cfg, sampler=None):
+        self.cfg, self.sampler = cfg, sampler
+
+    def __call__(self, worker_id: int):
+        from acce.runtime.curriculum import TaskSampler
+        cfg = self.cfg
+        sampler = self.sampler or (TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
+                                   if cfg.rollout.task_sampling == "failure" else None)
+        if sampler is None and len(cfg.env.tasks) > 1:
+            sampler = TaskSampler(cfg.env.tasks, "uniform")
+        return make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
+                            image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
+                            task_sampler=sampler)
+
+
+def rollout_env_factory(cfg, sampler=None):
+    return _RolloutEnvFactory(cfg, sampler)
+
+
+class _LatencyFactory:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self, worker_id: int):
+        return make_latency_model(self.cfg, self.cfg.run.seed * 1000 + 500 + worker_id)
+
+
+def latency_factory(cfg):
+    return _LatencyFactory(cfg)
+
+
+class _EvalEnvFactory:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self, tasks, num_envs, **kw):
+        cfg = self.cfg
+        return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+
+
+def eval_env_factory(cfg):
+    return _EvalEnvFactory(cfg)

@@ -61,6 +61,11 @@ class Learner:
         self.consumed_segments = 0
         self.consumed_env_steps = 0
 
+    def reset_optimizer(self) -> None:
+        """Fresh Adam moments (after the BC warm start, so RL does not inherit supervised momentum)."""
+        self.optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad], lr=self.cfg.lr,
+                                          eps=1e-5)
+
     # --- weights ------------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, np.ndarray]:
         return {k: v.cpu().numpy() for k, v in self.policy.trainable_state_dict().items()}
@@ -157,8 +162,8 @@ class Learner:
                 self.optimizer.step()
                 self.version += 1
                 steps += 1
-                for k, v in {**stats, "loss/policy": float(pl), "loss/value": float(vl), "loss/entropy": float(ent),
-                             "loss/grad_norm": float(grad_norm)}.items():
+                for k, v in {**stats, "loss/policy": pl.item(), "loss/value": vl.item(), "loss/entropy": ent.item(),
+                             "loss/grad_norm": grad_norm.item()}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         self.consumed_segments += len(segments)
         self.consumed_env_steps += int(data["exec_len"].sum())
@@ -180,4 +185,4 @@ class Learner:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())

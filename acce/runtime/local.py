@@ -85,6 +85,10 @@ class LocalRuntime:
                 self.publish()
         return {"updates": updates, "episodes": episodes}
 
+    def stop(self) -> dict[str, Any]:
+        """Nothing runs between polls in one process: nothing to stop or drain."""
+        return {"updates": [], "episodes": []}
+
     def learner_state(self) -> dict[str, Any]:
         return self.learner.state_dict()
 

@@ -1,0 +1,326 @@
+"""runtime: ray — the same plain roles as Ray actors (embedded one-machine cluster, or `runtime.address`).
+
+  RolloutWorker actors (restartable) --segments--> ray.util.queue.Queue (bounded: put blocks) --> Learner actor
+  RolloutWorker --infer--> InferenceServer actor (threaded: concurrent requests merge into one batch)
+  Learner --publish (one ray.put, zero-copy)--> WeightStore actor + every InferenceServer (staged, swapped
+  between batches)
+Every remote wait has a timeout (runtime.timeout_s) and fails loudly instead of hanging.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.util.queue import Queue
+
+from acce.runtime.inference import InferenceServer
+from acce.runtime.queue import StalenessGate, SyncGate
+from acce.runtime.weights import WeightStore
+from acce.runtime.worker import RolloutWorker
+
+
+def _threads(n: int) -> None:
+    import torch
+    torch.set_num_threads(max(1, n))
+
+
+@ray.remote
+class ServerActor:
+    def __init__(self, policy_state: dict, max_batch: int, timeout_ms: float, seed: int, threads: int):
+        from acce.policy.vla import VLAPolicy
+        _threads(threads)
+        self.server = InferenceServer(VLAPolicy.from_state(policy_state), max_batch=max_batch,
+                                      timeout_ms=timeout_ms, seed=seed)
+        self.server.start()
+
+    def infer(self, batch: dict) -> dict:
+        return self.server.submit(batch).result(timeout=120)
+
+    def load_weights(self, version: int, state: Any) -> None:
+        self.server.load_weights(version, state)
+
+    def version(self) -> int:
+        return self.server.version
+
+    def stats(self) -> dict:
+        return dict(self.server.stats)
+
+
+class _RemotePolicy:
+    """PolicyClient over a ServerActor handle (used inside worker actors)."""
+
+    def __init__(self, handle, timeout_s: float):
+        self.handle, self.timeout_s = handle, timeout_s
+
+    @property
+    def version(self) -> int:
+        return ray.get(self.handle.version.remote(), timeout=self.timeout_s)
+
+    def infer(self, batch: dict) -> dict:
+        return ray.get(self.handle.infer.remote(batch), timeout=self.timeout_s)
+
+
+class _RemoteGate:
+    def __init__(self, handle, timeout_s: float):
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
+        return ray.get(self.handle.try_acquire.remote(worker_id, env_index, version), timeout=self.timeout_s)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class WorkerActor:
+    def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, task_by_id: dict):
+        _threads(1)
+        r, lc = cfg.rollout, cfg.learner
+        self.cfg, self.queue, self.task_by_id = cfg, queue, task_by_id
+        env = make_env(worker_id)
+        self.worker = RolloutWorker(env, _RemotePolicy(server, cfg.runtime.timeout_s), worker_id=worker_id,
+                                    segment_len=r.segment_len, chunk_len=cfg.policy.chunk_len,
+                                    exec_horizon=r.execution_horizon, max_delay=cfg.policy.max_delay_steps,
+                                    gamma=lc.gamma, delay_aware=lc.delay_correction,
+                                    latency=make_latency(worker_id) if make_latency else None,
+                                    gate=_RemoteGate(gate, cfg.runtime.timeout_s))
+        self.stopped = False
+        self.episodes: list[dict] = []
+        self.idle_s = 0.0
+        self.started = time.time()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _note_episodes(self) -> None:
+        sampler = getattr(self.worker.env, "task_sampler", None)
+        for ep in self.worker.drain_episodes():
+            ep["worker_id"] = self.worker.worker_id
+            if sampler is not None and hasattr(sampler, "update") and ep["task_id"] in self.task_by_id:
+                sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
+            self.episodes.append(ep)
+
+    def run(self) -> int:
+        """Produce segments forever (until stop); each one goes into the queue whole or not at all."""
+        while not self.stopped:
+            segments = self.worker.collect(min_segments=1, max_steps=64)
+            self._note_episodes()
+            for seg in segments:
+                t0 = time.perf_counter()
+                self.queue.put(seg, timeout=self.cfg.runtime.timeout_s)
+                self.idle_s += time.perf_counter() - t0
+            if not segments and self.worker.paused.all():
+                t0 = time.perf_counter()
+                time.sleep(0.005)  # every env waits for fresher weights (staleness pacing)
+                self.idle_s += time.perf_counter() - t0
+        return self.worker.stats["segments"]
+
+    def collect_round(self) -> list:
+        """Sync mode: one segment per env with the round's weights."""
+        segments = []
+        while len(segments) < self.worker.env.num_envs:
+            segments += self.worker.collect(min_segments=self.worker.env.num_envs - len(segments))
+            if self.worker.paused.all() and len(segments) < self.worker.env.num_envs:
+                time.sleep(0.002)
+        self._note_episodes()
+        return segments
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def drain(self) -> dict:
+        eps, self.episodes = self.episodes, []
+        return {"episodes": eps, "stats": dict(self.worker.stats), "idle_s": self.idle_s,
+                "alive_s": time.time() - self.started}
+
+
+@ray.remote
+class LearnerActor:
+    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int):
+        from acce.policy.vla import VLAPolicy
+        from acce.runtime.learner import Learner
+        _threads(threads)
+        self.cfg, self.queue, self.servers, self.weight_store = cfg, queue, servers, weight_store
+        self.learner = Learner(VLAPolicy.from_state(learner_state["policy"]), cfg.learner, seed=cfg.run.seed)
+        self.learner.load_state_dict(learner_state)
+        # run() holds this while it updates and publishes; snapshots (checkpoints, evaluation) wait for it, so they
+        # never see a half-applied optimizer step
+        self.lock = threading.Lock()
+        self.stopped = False
+        self.updates: list[dict] = []
+        self.wait_s = 0.0
+        self.started = time.time()
+
+    def publish(self) -> int:
+        ref = ray.put(self.learner.trainable_state())
+        v = self.learner.version
+        ray.get([self.weight_store.publish.remote(v, ref)] + [s.load_weights.remote(v, ref) for s in self.servers],
+                timeout=self.cfg.runtime.timeout_s)
+        return v
+
+    def update(self, segments: list) -> dict:
+        out = self.learner.update(segments)
+        self.publish()
+        return out
+
+    def run(self) -> int:
+        b = self.cfg.learner.batch_segments
+        while not self.stopped:
+            t0 = time.perf_counter()
+            batch = []
+            while len(batch) < b and not self.stopped:
+                try:
+                    batch.append(self.queue.get(timeout=1.0))
+                except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
+                    continue
+            self.wait_s += time.perf_counter() - t0
+            if len(batch) < b:
+                break
+            with self.lock:
+                upd = self.learner.update(batch)
+                upd["queue/learner_wait_s"] = self.wait_s
+                self.updates.append(upd)
+                self.publish()
+        return self.learner.version
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def drain(self) -> dict:
+        ups, self.updates = self.updates, []
+        return {"updates": ups, "version": self.learner.version, "wait_s": self.wait_s,
+                "alive_s": time.time() - self.started}
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return self.learner.state_dict()
+
+    def policy_state(self) -> dict:
+        with self.lock:
+            return self.learner.policy.policy_state()
+
+
+class RayRuntime:
+    def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None):
+        from acce.train import TASK_BY_ID
+        rt = cfg.runtime
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
+            ray.init(address=rt.address or None, num_cpus=(rt.num_cpus or None) if not rt.address else None,
+                     include_dashboard=False, log_to_driver=True, configure_logging=False)
+        self.cfg, self.on_episode = cfg, on_episode
+        self.sync = rt.mode == "sync"
+        lc, t = cfg.learner, rt.timeout_s
+        policy_state = learner.policy.policy_state()
+        self.weight_store = ray.remote(WeightStore).options(num_cpus=0).remote()
+        self.server = ServerActor.options(num_cpus=rt.server_cpus, max_concurrency=32).remote(
+            policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads)
+        self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0})
+        total_envs = cfg.rollout.num_workers * cfg.env.num_envs
+        gate_cls = SyncGate if self.sync else StalenessGate
+        gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
+        self.gate = ray.remote(gate_cls).options(num_cpus=0).remote(*gate_args)
+        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus,
+                                            max_concurrency=2).remote(
+            learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads)
+        self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, max_concurrency=2).remote(
+            w, cfg, make_env, make_latency, self.server, self.gate, self.queue, TASK_BY_ID)
+            for w in range(cfg.rollout.num_workers)]
+        self.timeout_s = t
+        self.version = learner.version
+        self.server_version = learner.version
+        self.env_steps = 0
+        self._worker_stats: dict[int, dict] = {}
+        self._runs: dict[int, Any] = {}
+        self.restarts = 0
+        self.idle = {"actor_idle_s": 0.0, "learner_wait_s": 0.0}
+
+    def start(self) -> None:
+        ray.get(self.learner.publish.remote(), timeout=self.timeout_s)  # version 0 to every server first
+        if self.sync:
+            ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
+            return
+        for w, h in enumerate(self.workers):
+            self._runs[w] = h.run.remote()
+        self._learner_run = self.learner.run.remote()
+
+    def _check_workers(self) -> None:
+        """A worker whose process died is restarted by Ray (max_restarts); start its loop again."""
+        for w, ref in list(self._runs.items()):
+            done, _ = ray.wait([ref], timeout=0)
+            if done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self.restarts += 1
+                self._runs[w] = self.workers[w].run.remote()
+        done, _ = ray.wait([self._learner_run], timeout=0)
+        if done:
+            ray.get(self._learner_run)  # the learner never returns while running: surface its error
+            raise RuntimeError("the learner stopped unexpectedly")
+
+    def poll(self) -> dict[str, Any]:
+        updates: list[dict] = []
+        if self.sync:
+            rounds = ray.get([w.collect_round.remote() for w in self.workers], timeout=self.timeout_s)
+            updates.append(ray.get(self.learner.update.remote([s for r in rounds for s in r]),
+                                   timeout=self.timeout_s))
+            self.version = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)["version"]
+            ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
+        else:
+            if not getattr(self, "_stopped", False):
+                time.sleep(0.25)
+                self._check_workers()
+            d = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)
+            updates, self.version = d["updates"], d["version"]
+            self.idle["learner_wait_s"] = d["wait_s"]
+        episodes = []
+        for w, h in enumerate(self.workers):
+            try:
+                d = ray.get(h.drain.remote(), timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                continue  # restarting; its episodes so far were already drained or died with it
+            prev = self._worker_stats.get(w, {}).get("env_steps", 0)
+            if d["stats"]["env_steps"] < prev:  # a restarted worker counts from zero again
+                self._worker_stats[w] = {"env_steps": 0, "base": self._worker_stats[w].get("base", 0) + prev}
+            base = self._worker_stats.get(w, {}).get("base", 0)
+            self._worker_stats[w] = {**d["stats"], "base": base, "idle_s": d["idle_s"], "alive_s": d["alive_s"]}
+            for ep in d["episodes"]:
+                if self.on_episode is not None:
+                    self.on_episode(ep)
+                episodes.append(ep)
+        self.server_version = ray.get(self.server.version.remote(), timeout=self.timeout_s)
+        return {"updates": updates, "episodes": episodes}
+
+    def stats(self) -> dict[str, Any]:
+        env_steps = sum(s.get("env_steps", 0) + s.get("base", 0) for s in self._worker_stats.values())
+        return {"env_steps": env_steps, "learner_version": self.version, "server_version": self.server_version,
+                "queue_size": self.queue.size(), "queue_capacity": self.cfg.runtime.queue_capacity,
+                "worker_stats": list(self._worker_stats.values()), "restarts": self.restarts,
+                "learner_wait_s": self.idle["learner_wait_s"]}
+
+    def learner_state(self) -> dict[str, Any]:
+        return ray.get(self.learner.state_dict.remote(), timeout=self.timeout_s)
+
+    def policy_state(self) -> dict[str, Any]:
+        return ray.get(self.learner.policy_state.remote(), timeout=self.timeout_s)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop producing and learning (the learner finishes its current update), then drain what is left."""
+        if not self.sync:
+            ray.get([h.stop.remote() for h in self.workers] + [self.learner.stop.remote()], timeout=self.timeout_s)
+            ray.get([self._learner_run] + list(self._runs.values()), timeout=self.timeout_s)
+        self._stopped = True
+        return self.poll()
+
+    def shutdown(self) -> None:
+        try:
+            for h in self.workers:
+                h.stop.remote()
+            self.learner.stop.remote()
+            time.sleep(0.1)
+            for h in [*self.workers, self.learner, self.server, self.gate, self.weight_store]:
+                ray.kill(h)
+            self.queue.shutdown()
+        except Exception:  # shutting down a broken cluster must not hide the original error
+            pass

@@ -1,0 +1,267 @@
+"""`acce train`: the run loop as a function over factories (DreamerV3 style). The runtime places the roles.
+
+Phases: resolve config -> run dir (config.yaml, tb/, checkpoints/) -> policy (+ BC warm start from scripted demos
+when bc.steps > 0) -> version 0 published to every actor -> async or sync RL until a budget ends, with periodic
+evaluation on test seeds and atomic checkpoints -> final evaluation and a summary table.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from acce.checkpoint import load_checkpoint, save_checkpoint
+from acce.config import Config, KNOWN_TASKS
+from acce.configlib import save_config, to_dict
+from acce.metrics import Metrics
+from acce.runtime.curriculum import TaskSampler
+from acce.runtime.evaluator import Evaluator, eval_scalars, format_eval
+
+TASK_BY_ID = dict(enumerate(sorted(KNOWN_TASKS)))
+"""task ids are positions in the sorted registry (sim.tasks.task_id)"""
+
+
+def make_latency(cfg: Config, seed: int):
+    from acce.wiring import make_latency_model
+    return make_latency_model(cfg, seed)
+
+
+def build_policy(cfg: Config, states: np.ndarray):
+    import torch
+
+    from acce.policy.norm import NormStats
+    from acce.policy.vla import VLAPolicy
+    torch.manual_seed(cfg.run.seed)
+    norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": 4, "range": [-1, 1],
+                                                      "max_step_m": 0.03, "control_hz": 10.0})
+    return VLAPolicy(cfg.policy, states.shape[1], 4, norm, cameras=cfg.env.cameras)
+
+
+def _env_states(cfg: Config, steps: int = 200) -> np.ndarray:
+    """States for normalization when there are no demos: random actions in the training envs."""
+    from acce.wiring import make_sim_env
+    env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seed=cfg.run.seed, image_size=cfg.env.image_size,
+                       cameras=cfg.env.cameras, task_params=cfg.env.task_params)
+    rng = np.random.default_rng(cfg.run.seed)
+    env.reset()
+    states = []
+    for _ in range(steps // cfg.env.num_envs + 1):
+        states.append(env.observe()["state"])
+        env.step(rng.uniform(-1, 1, (env.num_envs, env.action_dim)).astype(np.float32), render=False)
+    env.close()
+    return np.concatenate(states)
+
+
+def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
+    from acce.bc import DemoDataset, bc_train
+    from acce.collect import collect
+    from acce.config import CollectConfig
+    from acce.runtime.learner import Learner
+    from acce.store.episodes import EpisodeStore
+    from acce.wiring import make_sim_env
+
+    demo_path = run_dir / "demos.zarr"
+    store = EpisodeStore.open_or_create(demo_path, image_shapes={c: (cfg.env.image_size, cfg.env.image_size)
+                                                                 for c in cfg.env.cameras},
+                                        state_dim=7, action_dim=4, control_hz=10.0)
+    missing = cfg.bc.episodes - len(store)
+    if missing > 0:
+        ccfg = CollectConfig(tasks=cfg.env.tasks, episodes=missing, noise_std=cfg.bc.noise_std, noisy_fraction=0.5,
+                             num_envs=cfg.env.num_envs, out=str(demo_path))
+
+        def make_env(tasks, num_envs, **kw):
+            return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
+                                task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+        summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
+        metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
+    data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
+    policy = build_policy(cfg, data.states)
+    learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
+    t0 = time.time()
+    losses = bc_train(learner, data, cfg.bc.steps, cfg.bc.batch_size, seed=cfg.run.seed, progress=progress,
+                      metrics=metrics)
+    learner.reset_optimizer()
+    return learner, {"bc_steps": cfg.bc.steps, "bc_final_loss": float(np.mean(losses[-20:])) if losses else None,
+                     "bc_demo_steps": len(data), "bc_time_s": time.time() - t0}
+
+
+class Trainer:
+    """Owns the driver side: budgets, logging, evaluation, checkpoints. The runtime owns the roles."""
+
+    def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+        self.run_dir = Path(resume) if resume else cfg.run.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = Metrics(self.run_dir / "tb")
+        self.sampler = TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
+        self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0, "bc": {}}
+        self.history: list[dict[str, Any]] = []
+        self.resume_data = load_checkpoint(self.run_dir) if resume else None
+        save_config(cfg, self.run_dir / "config.yaml")
+
+    # --- setup --------------------------------------------------------------------------------------------------
+    def build_learner(self):
+        from acce.policy.vla import VLAPolicy
+        from acce.runtime.learner import Learner
+        cfg = self.cfg
+        if self.resume_data is not None:
+            d = self.resume_data
+            learner = Learner(VLAPolicy.from_state(d["learner"]["policy"]), cfg.learner, seed=cfg.run.seed)
+            learner.load_state_dict(d["learner"])
+            self.sampler.load_state_dict(d.get("curriculum", {}))
+            self.counters.update(d.get("counters", {}))
+            self.history = d.get("history", [])
+            return learner
+        if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
+            learner, self.counters["bc"] = _bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
+            return learner
+        return Learner(build_policy(cfg, _env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+
+    def make_runtime(self, learner):
+        from acce import wiring
+        cfg = self.cfg
+
+        def on_episode(ep):
+            task = TASK_BY_ID.get(ep["task_id"])
+            if task is not None:
+                self.sampler.update(task, ep["success"])
+        make_env = wiring.rollout_env_factory(cfg, self.sampler if cfg.runtime.kind == "local" else None)
+        make_lat = wiring.latency_factory(cfg)
+        if cfg.runtime.kind == "local":
+            from acce.runtime.local import LocalRuntime
+            return LocalRuntime(cfg, learner, make_env, make_latency=make_lat, on_episode=on_episode)
+        from acce.runtime.ray_runtime import RayRuntime
+        return RayRuntime(cfg, learner, make_env, make_latency=make_lat, on_episode=on_episode)
+
+    # --- evaluation and checkpoints -----------------------------------------------------------------------------
+    def evaluate(self, policy_state: dict[str, Any], version: int, video: bool) -> dict[str, Any]:
+        from acce.policy.vla import VLAPolicy
+        from acce.runtime.inference import InferenceServer
+        from acce.wiring import eval_env_factory
+        cfg = self.cfg
+        server = InferenceServer(VLAPolicy.from_state(policy_state), deterministic=True)
+        server._version = version
+        ev = Evaluator(eval_env_factory(cfg), server, tasks=cfg.env.tasks, episodes=cfg.eval.episodes_per_task,
+                       num_envs=cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
+                       exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
+                       latency=make_latency(cfg, cfg.run.seed + 999), delay_aware=cfg.learner.delay_correction)
+        results = ev.run(video=video and cfg.eval.video)
+        self.metrics.scalars(eval_scalars(results), version)
+        for task, frames in results.pop("videos").items():
+            self.metrics.video(f"eval/video/{task}", frames, version)
+        self.history.append({"version": version, "env_steps": self.counters["env_steps"],
+                             "wall_s": self.counters["wall_s"], **eval_scalars(results)})
+        return results
+
+    def checkpoint(self, runtime) -> Path:
+        payload = {"config": to_dict(self.cfg), "learner": runtime.learner_state(),
+                   "curriculum": self.sampler.state_dict(), "counters": self.counters, "history": self.history}
+        path = save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
+        return path
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from tqdm import tqdm
+        cfg = self.cfg
+        learner = self.build_learner()
+        runtime = self.make_runtime(learner)
+        start_version = learner.version
+        t_start, wall0 = time.time(), self.counters["wall_s"]
+        last_eval, last_ckpt, last_log = start_version, start_version, 0.0
+        steps0 = self.counters["env_steps"]
+        recent: list[dict] = []
+        bar = tqdm(desc=f"train [{cfg.runtime.kind}/{cfg.runtime.mode}]", unit="upd", disable=not self.progress,
+                   dynamic_ncols=True)
+        results = None
+        try:
+            runtime.start()
+            while True:
+                out = runtime.poll()
+                stats = runtime.stats()
+                self.counters["env_steps"] = steps0 + stats["env_steps"]
+                self.counters["wall_s"] = wall0 + time.time() - t_start
+                version = stats["learner_version"]
+                for upd in out["updates"]:
+                    self.metrics.scalars({k: v for k, v in upd.items()}, int(upd.get("learner/version", version)))
+                    bar.update(1)
+                for ep in out["episodes"]:
+                    self.counters["episodes"] += 1
+                    recent.append(ep)
+                recent = recent[-200:]
+                elapsed = self.counters["wall_s"] - wall0
+                if elapsed - last_log >= cfg.train.log_every_s or not self.progress:
+                    last_log = elapsed
+                    self._log_progress(stats, recent, version, elapsed)
+                    bar.set_postfix(self._postfix(stats, recent, elapsed), refresh=False)
+                if cfg.eval.every_versions and version - last_eval >= cfg.eval.every_versions:
+                    last_eval = version
+                    self.evaluate(runtime.policy_state(), version, video=True)
+                if version - last_ckpt >= cfg.train.checkpoint_every_versions:
+                    last_ckpt = version
+                    self.checkpoint(runtime)
+                if self._budget_done(elapsed, version):
+                    break
+            tail = runtime.stop()
+            for upd in tail["updates"]:
+                self.metrics.scalars(upd, int(upd.get("learner/version", 0)))
+            self.counters["episodes"] += len(tail["episodes"])
+            final_stats = runtime.stats()
+            self.counters["env_steps"] = steps0 + final_stats["env_steps"]
+            results = self.evaluate(runtime.policy_state(), final_stats["learner_version"], video=True)
+            self.checkpoint(runtime)
+        finally:
+            bar.close()
+            runtime.shutdown()
+            self.metrics.close()
+        summary = self._summary(results, final_stats)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.progress:
+            print(format_eval(results))
+            print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
+                  f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
+                  f"({summary['env_steps_per_s']:.0f} env steps/s); tensorboard --logdir {self.run_dir / 'tb'}")
+        return summary
+
+    def _budget_done(self, elapsed: float, version: int) -> bool:
+        t = self.cfg.train
+        return (t.max_wall_s > 0 and elapsed >= t.max_wall_s) or \
+            (t.max_env_steps > 0 and self.counters["env_steps"] >= t.max_env_steps) or \
+            (t.max_versions > 0 and version >= t.max_versions)
+
+    def _postfix(self, stats, recent, elapsed) -> dict[str, str]:
+        succ = np.mean([e["success"] for e in recent]) if recent else float("nan")
+        return {"env_sps": f"{stats['env_steps'] / max(elapsed, 1e-6):.0f}", "ver": stats["learner_version"],
+                "succ": f"{succ:.2f}", "stale": f"{self.metrics.last.get('staleness/mean', 0):.1f}"}
+
+    def _log_progress(self, stats, recent, version, elapsed) -> None:
+        m = {"progress/env_steps": self.counters["env_steps"], "progress/episodes": self.counters["episodes"],
+             "progress/wall_s": self.counters["wall_s"],
+             "throughput/env_sps": stats["env_steps"] / max(elapsed, 1e-6),
+             "throughput/learner_sps": version / max(elapsed, 1e-6),
+             "weights/publish_lag": stats["learner_version"] - stats["server_version"],
+             "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"]}
+        for task in self.cfg.env.tasks:
+            eps = [e for e in recent if TASK_BY_ID.get(e["task_id"]) == task]
+            if eps:
+                m[f"episode/success/sim/{task}"] = float(np.mean([e["success"] for e in eps]))
+                m[f"episode/return/sim/{task}"] = float(np.mean([e["return"] for e in eps]))
+                m[f"episode/length/sim/{task}"] = float(np.mean([e["length"] for e in eps]))
+        for task, p in zip(self.sampler.tasks, self.sampler.probabilities()):
+            m[f"curriculum/p/{task}"] = float(p)
+        self.metrics.scalars(m, version)
+        self.metrics.flush()
+
+    def _summary(self, results, stats) -> dict[str, Any]:
+        wall = self.counters["wall_s"]
+        return {"learner_version": stats["learner_version"], "env_steps": self.counters["env_steps"],
+                "wall_s": wall, "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
+                "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
+                "history": self.history}
+
+
+def train(cfg: Config, resume: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run (or, with `resume`, continue) training. On resume the caller loads RUN_DIR/config.yaml as the base."""
+    return Trainer(cfg, resume=resume, progress=progress).run()
