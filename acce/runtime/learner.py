@@ -171,7 +171,7 @@ class Learner:
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
-                        "learner/log_std_mean": float(self.policy.log_std.mean())})
+                        "learner/log_std_mean": self.policy.log_std.mean().item()})
         return metrics
 
     # --- behavior cloning warm start ----------------------------------------------------------------------------

@@ -81,7 +81,9 @@ class EnvTimeline:
         self.next_decision_t = 0
         self.active: Decision | None = None
         self.active_pos = 0
-        self.pending: Decision | None = None
+        self.pending: list[Decision] = []
+        """requested chunks not yet active, in request order (a slow one can still be in flight at the next
+        request)"""
         self.latest: Decision | None = None
 
     # --- decisions ---------------------------------------------------------------------------------------------
@@ -89,12 +91,25 @@ class EnvTimeline:
     def decision_due(self) -> bool:
         return self.t == self.next_decision_t
 
+    def _planned(self, tau: int) -> np.ndarray | None:
+        """The action that will execute at future step tau given what is already committed (None: hold)."""
+        source, start = self.active, self.active_pos - self.t  # position = start + tau
+        for p in self.pending:
+            if tau >= p.t + p.delay_steps:
+                source, start = p, p.delay_steps - (p.t + p.delay_steps)
+        if source is None:
+            return None
+        pos = start + tau
+        return source.chunk[pos] if pos < self.H else None
+
     def committed_prefix(self, delay_steps: int) -> np.ndarray:
-        """(D, A): the actions of the running chunk that execute during the next `delay_steps` steps."""
+        """(D, A): the actions that execute during the next `delay_steps` steps (already committed: the running
+        chunk, or one still in flight that activates meanwhile), zero-padded."""
         prefix = np.zeros((self.D, self.A), np.float32)
-        if self.active is not None and delay_steps > 0:
-            part = self.active.chunk[self.active_pos:self.active_pos + delay_steps]
-            prefix[:len(part)] = np.clip(part, -1.0, 1.0)
+        for j in range(min(delay_steps, self.D)):
+            act = self._planned(self.t + j)
+            if act is not None:
+                prefix[j] = np.clip(act, -1.0, 1.0)
         return prefix
 
     def make_input(self, obs: dict[str, Any], delay_steps: int) -> DecisionInput:
@@ -118,18 +133,18 @@ class EnvTimeline:
             raise RuntimeError(f"no decision due at step {self.t} (next at {self.next_decision_t})")
         dec.delay_steps = min(dec.delay_steps, self.D)
         dec.exec_start = dec.delay_steps if self.aware else 0
-        self.pending = dec
+        self.pending.append(dec)
         self.latest = dec
         self.next_decision_t = self.t + self.s
 
     # --- stepping ----------------------------------------------------------------------------------------------
     def action(self) -> np.ndarray:
         """(A,) action to execute at the current step (activating a chunk whose delay has elapsed)."""
-        p = self.pending
-        if p is not None and self.t >= p.t + p.delay_steps:
+        while self.pending and self.t >= self.pending[0].t + self.pending[0].delay_steps:
+            p = self.pending.pop(0)
             if self.aware and self.active is not None and self.active.next_inp is None:
                 self._close(self.active, p.inp)
-            self.active, self.active_pos, self.pending = p, p.delay_steps, None
+            self.active, self.active_pos = p, p.delay_steps + (self.t - p.t - p.delay_steps)
         if self.active is None or self.active_pos >= self.H:
             return np.zeros(self.A, np.float32)
         act = np.clip(self.active.chunk[self.active_pos], -1.0, 1.0).astype(np.float32)
@@ -158,8 +173,8 @@ class EnvTimeline:
         if own is not None and own.next_inp is None:
             own.terminated, own.truncated = bool(terminated), bool(truncated and not terminated)
             self._close(own, final_inp)
-        if self.aware and self.pending is not None:
-            self.dropped_in_flight += 1
+        if self.aware:
+            self.dropped_in_flight += len(self.pending)
         self.new_episode(self.episode_id + 1)
 
     def _close(self, dec: Decision, next_inp: DecisionInput) -> None:
