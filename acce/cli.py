@@ -189,12 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim | experts")
+    p.add_argument("name", help="benchmark: sim | experts | throughput")
     p.add_argument("--episodes", type=int, default=100, help="[experts] test-seed episodes per task and noise")
     p.add_argument("--out", default=None, help="JSON result file")
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
     p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")
-    p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0, help="[sim] seconds per measurement")
+    p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0, help="[sim] seconds per measurement; [throughput] seconds per mode and case")
     _add_config_args(p)
     p.set_defaults(fn=cmd_bench)
     return parser

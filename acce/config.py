@@ -41,6 +41,10 @@ class EnvConfig:
     """camera names; observation keys are image/<camera>"""
     task_params: dict[str, dict[str, float]] = field(default_factory=dict)
     """per-task overrides of the task's config, e.g. {track: {ball_speed_mps: 0.2}}"""
+    step_latency_ms: float = 0.0
+    """extra wall-clock latency per env step, median in ms (0: none); models remote simulators / robots"""
+    step_latency_sigma: float = 1.0
+    """lognormal sigma of that latency (1.0: heavy tail, p99 ~ 10x the median)"""
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in KNOWN_TASKS and not t.startswith("metaworld/")]
@@ -114,7 +118,8 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class DelayConfig:
     model: str = "fixed"
-    """inference latency model: 'fixed' | 'uniform' | 'empirical' (DESIGN.md §5)"""
+    """inference latency model: 'fixed' | 'uniform' | 'empirical' | 'measured' (the wall-clock latency the worker
+    observed on its previous inference request; DESIGN.md §5)"""
     fixed_steps: int = 0
     """d for model=fixed, in control steps (0 = no latency)"""
     low_s: float = 0.0
@@ -125,8 +130,8 @@ class DelayConfig:
     """model=empirical: file of measured latencies in seconds (JSON {"latency_s": [...]} or one per line)"""
 
     def __post_init__(self) -> None:
-        if self.model not in ("fixed", "uniform", "empirical"):
-            raise ConfigError(f"delay.model must be fixed, uniform or empirical, got {self.model!r}")
+        if self.model not in ("fixed", "uniform", "empirical", "measured"):
+            raise ConfigError(f"delay.model must be fixed, uniform, empirical or measured, got {self.model!r}")
         if self.model == "empirical" and not self.path:
             raise ConfigError("delay.model=empirical needs delay.path (a file of measured latencies)")
 
@@ -175,6 +180,8 @@ class LearnerConfig:
     """largest learner_version - behavior_version admitted (pacing); -1 = unbounded"""
     delay_correction: bool = True
     """delay-aware learning (DESIGN.md §5); false = the naive baseline"""
+    augment_shift_px: int = 3
+    """random-shift image augmentation of learner batches in pixels (0: off); inference never augments"""
 
     @property
     def steps_per_update(self) -> int:
@@ -199,6 +206,8 @@ class BCConfig:
     """supervised steps on them before RL (the result is version 0 that every actor starts from)"""
     batch_size: int = 128
     """decisions per BC step"""
+    lr: float = 1e-3
+    """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
     noise_std: float = 0.1
     """expert action noise while recording (state diversity)"""
 
@@ -259,6 +268,8 @@ class TrainConfig:
     """stop after this many simulator env steps (0: no limit)"""
     max_versions: int = 0
     """stop after this many learner versions (0: no limit)"""
+    final_eval: bool = True
+    """evaluate on test seeds at the end (benchmarks that only measure throughput turn it off)"""
     checkpoint_every_versions: int = 200
     """write an atomic checkpoint this often (and always at the end)"""
     log_every_s: float = 5.0

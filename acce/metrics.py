@@ -9,8 +9,8 @@ from typing import Mapping
 
 import numpy as np
 
-PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "delay/", "wm/",
-            "eval/", "progress/", "learner/", "bc/", "curriculum/")
+PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "eval/", "progress/",
+            "delay/", "learner/", "bc/", "curriculum/")
 """metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/ internals)"""
 
 

@@ -80,6 +80,7 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
     policy = build_policy(cfg, data.states)
     learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
+    learner.reset_optimizer(cfg.bc.lr)
     t0 = time.time()
     losses = bc_train(learner, data, cfg.bc.steps, cfg.bc.batch_size, seed=cfg.run.seed, progress=progress,
                       metrics=metrics)
@@ -99,6 +100,9 @@ class Trainer:
         self.sampler = TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
         self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0, "bc": {}}
         self.history: list[dict[str, Any]] = []
+        self.staleness: list[tuple[float, float]] = []
+        self.curve: list[dict[str, Any]] = []
+        self.job_t0 = time.time()
         self.resume_data = load_checkpoint(self.run_dir) if resume else None
         save_config(cfg, self.run_dir / "config.yaml")
 
@@ -114,6 +118,7 @@ class Trainer:
             self.sampler.load_state_dict(d.get("curriculum", {}))
             self.counters.update(d.get("counters", {}))
             self.history = d.get("history", [])
+            self.curve = d.get("curve", [])
             return learner
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = _bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
@@ -158,7 +163,8 @@ class Trainer:
 
     def checkpoint(self, runtime) -> Path:
         payload = {"config": to_dict(self.cfg), "learner": runtime.learner_state(),
-                   "curriculum": self.sampler.state_dict(), "counters": self.counters, "history": self.history}
+                   "curriculum": self.sampler.state_dict(), "counters": self.counters, "history": self.history,
+                   "curve": self.curve}
         path = save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
         return path
 
@@ -185,6 +191,8 @@ class Trainer:
                 self.counters["wall_s"] = wall0 + time.time() - t_start
                 version = stats["learner_version"]
                 for upd in out["updates"]:
+                    if "staleness/mean" in upd:
+                        self.staleness.append((upd["staleness/mean"], upd["staleness/max"]))
                     self.metrics.scalars({k: v for k, v in upd.items()}, int(upd.get("learner/version", version)))
                     bar.update(1)
                 for ep in out["episodes"]:
@@ -218,7 +226,10 @@ class Trainer:
             self.metrics.close()
         summary = self._summary(results, final_stats)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if self.progress:
+        from acce.plots import plot_learning_curve
+        plot_learning_curve(self.curve, self.history, cfg.env.tasks, self.run_dir / "learning_curve.png",
+                            title=f"{cfg.run.name}: {cfg.runtime.kind}/{cfg.runtime.mode}")
+        if self.progress and results is not None:
             print(format_eval(results))
             print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
                   f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
@@ -243,12 +254,14 @@ class Trainer:
              "throughput/learner_sps": version / max(elapsed, 1e-6),
              "weights/publish_lag": stats["learner_version"] - stats["server_version"],
              "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"]}
+        point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
         for task in self.cfg.env.tasks:
-            eps = [e for e in recent if TASK_BY_ID.get(e["task_id"]) == task]
+            eps = [e for e in recent if TASK_BY_ID.get(e["task_id"]) == task][-50:]
             if eps:
-                m[f"episode/success/sim/{task}"] = float(np.mean([e["success"] for e in eps]))
+                m[f"episode/success/sim/{task}"] = point[f"train/{task}"] = float(np.mean([e["success"] for e in eps]))
                 m[f"episode/return/sim/{task}"] = float(np.mean([e["return"] for e in eps]))
                 m[f"episode/length/sim/{task}"] = float(np.mean([e["length"] for e in eps]))
+        self.curve.append(point)
         for task, p in zip(self.sampler.tasks, self.sampler.probabilities()):
             m[f"curriculum/p/{task}"] = float(p)
         self.metrics.scalars(m, version)
@@ -258,8 +271,12 @@ class Trainer:
         wall = self.counters["wall_s"]
         return {"learner_version": stats["learner_version"], "env_steps": self.counters["env_steps"],
                 "wall_s": wall, "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
+                "actor_idle_frac": stats.get("actor_idle_frac"), "learner_idle_frac": stats.get("learner_idle_frac"),
+                "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
+                "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
+                "job_wall_s": time.time() - self.job_t0,
                 "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
-                "history": self.history}
+                "history": self.history, "curve": self.curve}
 
 
 def train(cfg: Config, resume: str | None = None, progress: bool = True) -> dict[str, Any]:

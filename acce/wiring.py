@@ -39,6 +39,9 @@ def make_latency_model(cfg, seed: int):
     d = cfg.delay
     if d.model == "fixed" and d.fixed_steps == 0:
         return None
+    if d.model == "measured":
+        from acce.runtime.worker import MeasuredLatency
+        return MeasuredLatency(control_hz=10.0)
     from sim.latency import make_latency_model as make
     return make(d.model, control_hz=10.0, seed=seed, fixed_steps=d.fixed_steps, low_s=d.low_s, high_s=d.high_s,
                 path=d.path or None)
@@ -57,9 +60,13 @@ class _RolloutEnvFactory:
                                    if cfg.rollout.task_sampling == "failure" else None)
         if sampler is None and len(cfg.env.tasks) > 1:
             sampler = TaskSampler(cfg.env.tasks, "uniform")
-        return make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
-                            image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
-                            task_sampler=sampler)
+        env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
+                           image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
+                           task_sampler=sampler)
+        if cfg.env.step_latency_ms > 0:
+            from sim.slow_env import SlowStepEnv
+            env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id)
+        return env
 
 
 def rollout_env_factory(cfg, sampler=None):

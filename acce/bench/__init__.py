@@ -26,7 +26,12 @@ def _bench_experts(cfg, args) -> dict:
     return expert_success(tuple(sorted(TASKS)), episodes=args.episodes)
 
 
-BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts}
+def _bench_throughput(cfg, args) -> dict:
+    from acce.bench.throughput import run_throughput
+    return run_throughput(args.config, list(args.overrides), args.duration_s)
+
+
+BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput}
 """name -> benchmark function"""
 
 

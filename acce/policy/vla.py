@@ -93,6 +93,12 @@ class VLAPolicy(nn.Module):
         self.grid_row = nn.Parameter(torch.randn(grid, 1, width) * 0.02)  # factorized 2-D position: row + column
         self.grid_col = nn.Parameter(torch.randn(1, grid, width) * 0.02)
         self.lang_proj = nn.Linear(config.lang_dim, width)
+        # FiLM of every image token by the instruction (as RT-1 conditions its image encoder): measured without it,
+        # the trunk ignored the single language token entirely (BC validation loss identical with the cube colour
+        # swapped in the instruction), so "touch the red cube" and "touch the blue cube" gave the same action.
+        self.lang_film = nn.Sequential(nn.LayerNorm(config.lang_dim), nn.Linear(config.lang_dim, 2 * width))
+        nn.init.zeros_(self.lang_film[1].weight)
+        nn.init.zeros_(self.lang_film[1].bias)
         self.state_proj = nn.Linear(state_dim, width)
         self.queries = nn.Parameter(torch.randn(2, width) * 0.02)  # (action, value)
         if m > 0:
@@ -220,6 +226,8 @@ class VLAPolicy(nn.Module):
         feats = feats + (self.grid_row + self.grid_col).reshape(grid * grid, -1)
         image_tokens = feats.reshape(cams, b, grid * grid, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
         state = (x[STATE_KEY] - self.state_mean) / self.state_std  # (B, S) normalized
+        gamma, beta = self.lang_film(x[LANG_KEY]).chunk(2, dim=-1)  # (B, W) each
+        image_tokens = image_tokens * (1.0 + gamma[:, None]) + beta[:, None]
         parts = [image_tokens, self.lang_proj(x[LANG_KEY])[:, None], self.state_proj(state)[:, None],
                  self.queries.expand(b, -1, -1)]
         mask = torch.ones(b, self.num_tokens, dtype=torch.long, device=self.device)

@@ -151,9 +151,3 @@ class InferenceServer:
                 fut.set_result({k: (v[start:start + n] if isinstance(v, np.ndarray) else v)
                                 for k, v in result.items()})
                 start += n
-
-    def metrics(self) -> dict[str, float]:
-        s = self.stats
-        return {"weights/version_loaded": self._version, "weights/swaps": s["swaps"],
-                "weights/swap_ms": s["swap_ms_last"],
-                "throughput/inference_rows_per_batch": s["rows"] / max(s["batches"], 1)}

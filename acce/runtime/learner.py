@@ -15,6 +15,7 @@ import torch
 
 from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gipo_loss, value_loss
 from acce.algo.returns import gae, vtrace
+from acce.augment import augment_batch
 from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Segment
 
 
@@ -61,10 +62,11 @@ class Learner:
         self.consumed_segments = 0
         self.consumed_env_steps = 0
 
-    def reset_optimizer(self) -> None:
-        """Fresh Adam moments (after the BC warm start, so RL does not inherit supervised momentum)."""
-        self.optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad], lr=self.cfg.lr,
-                                          eps=1e-5)
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        """Fresh Adam moments at `lr` (default learner.lr): the BC warm start uses its own rate, and RL must not
+        inherit supervised momentum."""
+        self.optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad],
+                                          lr=self.cfg.lr if lr is None else lr, eps=1e-5)
 
     # --- weights ------------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, np.ndarray]:
@@ -146,7 +148,8 @@ class Learner:
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx)
-                batch = self.policy.with_lang(_select(data["inputs"], idx))
+                batch = self.policy.with_lang(augment_batch(_select(data["inputs"], idx), cfg.augment_shift_px,
+                                                            self.rng))
                 logp, entropy, values = self.policy.evaluate(batch, chunk[it], mask[it])
                 args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
                 if cfg.algorithm == "ppo":
@@ -171,13 +174,19 @@ class Learner:
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
-                        "learner/log_std_mean": self.policy.log_std.mean().item()})
+                        "learner/log_std_mean": self.policy.log_std.mean().item(),
+                        "delay/steps_mean": float(data["delay_steps"].mean()),
+                        "delay/steps_max": float(data["delay_steps"].max()),
+                        "delay/exec_len_mean": float(data["exec_len"].mean()),
+                        "delay/masked_step_frac": 1.0 - float(data["mask"].sum()) / max(float(data["exec_len"].sum()),
+                                                                                      1.0)})
         return metrics
 
     # --- behavior cloning warm start ----------------------------------------------------------------------------
     def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray) -> float:
         """One supervised step: chunk means regress the demonstrated actions (positions where mask)."""
         self.policy.train()
+        inputs = augment_batch(inputs, self.cfg.augment_shift_px, self.rng)
         mean, _, _ = self.policy(self.policy.with_lang(inputs))
         m = torch.as_tensor(mask)[..., None].float()
         loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)

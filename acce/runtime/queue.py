@@ -67,9 +67,8 @@ class RolloutQueue:
             return batch
 
     def stats(self) -> dict[str, float]:
-        return {"queue/size": len(self._items), "queue/capacity": self.capacity,
-                "queue/put_wait_s": self.put_wait_s, "queue/get_wait_s": self.get_wait_s,
-                "queue/full_waits": self.full_waits}
+        return {"size": len(self._items), "capacity": self.capacity, "put_wait_s": self.put_wait_s,
+                "get_wait_s": self.get_wait_s, "full_waits": self.full_waits}
 
 
 class StalenessGate:

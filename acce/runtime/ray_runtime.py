@@ -87,7 +87,9 @@ class WorkerActor:
         self.stopped = False
         self.episodes: list[dict] = []
         self.idle_s = 0.0
-        self.started = time.time()
+        self.busy_s = 0.0
+        """time producing (stepping envs, rendering, waiting for inference); idle = gate pauses, full queue, barrier"""
+        self.started: float | None = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -100,10 +102,17 @@ class WorkerActor:
                 sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
             self.episodes.append(ep)
 
+    def _collect(self, n: int, max_steps: int | None = None) -> list:
+        self.started = self.started or time.time()
+        t0 = time.perf_counter()
+        out = self.worker.collect(min_segments=n, max_steps=max_steps)
+        self.busy_s += time.perf_counter() - t0
+        return out
+
     def run(self) -> int:
         """Produce segments forever (until stop); each one goes into the queue whole or not at all."""
         while not self.stopped:
-            segments = self.worker.collect(min_segments=1, max_steps=64)
+            segments = self._collect(1, max_steps=64)
             self._note_episodes()
             for seg in segments:
                 t0 = time.perf_counter()
@@ -119,7 +128,7 @@ class WorkerActor:
         """Sync mode: one segment per env with the round's weights."""
         segments = []
         while len(segments) < self.worker.env.num_envs:
-            segments += self.worker.collect(min_segments=self.worker.env.num_envs - len(segments))
+            segments += self._collect(self.worker.env.num_envs - len(segments))
             if self.worker.paused.all() and len(segments) < self.worker.env.num_envs:
                 time.sleep(0.002)
         self._note_episodes()
@@ -130,8 +139,8 @@ class WorkerActor:
 
     def drain(self) -> dict:
         eps, self.episodes = self.episodes, []
-        return {"episodes": eps, "stats": dict(self.worker.stats), "idle_s": self.idle_s,
-                "alive_s": time.time() - self.started}
+        return {"episodes": eps, "stats": dict(self.worker.stats), "idle_s": self.idle_s, "busy_s": self.busy_s,
+                "alive_s": time.time() - self.started if self.started else 0.0}
 
 
 @ray.remote
@@ -149,7 +158,8 @@ class LearnerActor:
         self.stopped = False
         self.updates: list[dict] = []
         self.wait_s = 0.0
-        self.started = time.time()
+        self.busy_s = 0.0
+        self.started: float | None = None
 
     def publish(self) -> int:
         ref = ray.put(self.learner.trainable_state())
@@ -159,12 +169,16 @@ class LearnerActor:
         return v
 
     def update(self, segments: list) -> dict:
+        self.started = self.started or time.time()
+        t0 = time.perf_counter()
         out = self.learner.update(segments)
         self.publish()
+        self.busy_s += time.perf_counter() - t0
         return out
 
     def run(self) -> int:
         b = self.cfg.learner.batch_segments
+        self.started = self.started or time.time()
         while not self.stopped:
             t0 = time.perf_counter()
             batch = []
@@ -177,10 +191,12 @@ class LearnerActor:
             if len(batch) < b:
                 break
             with self.lock:
+                t1 = time.perf_counter()
                 upd = self.learner.update(batch)
                 upd["queue/learner_wait_s"] = self.wait_s
                 self.updates.append(upd)
                 self.publish()
+                self.busy_s += time.perf_counter() - t1
         return self.learner.version
 
     def stop(self) -> None:
@@ -188,8 +204,8 @@ class LearnerActor:
 
     def drain(self) -> dict:
         ups, self.updates = self.updates, []
-        return {"updates": ups, "version": self.learner.version, "wait_s": self.wait_s,
-                "alive_s": time.time() - self.started}
+        return {"updates": ups, "version": self.learner.version, "wait_s": self.wait_s, "busy_s": self.busy_s,
+                "alive_s": time.time() - self.started if self.started else 0.0}
 
     def state_dict(self) -> dict:
         with self.lock:
@@ -233,7 +249,6 @@ class RayRuntime:
         self._worker_stats: dict[int, dict] = {}
         self._runs: dict[int, Any] = {}
         self.restarts = 0
-        self.idle = {"actor_idle_s": 0.0, "learner_wait_s": 0.0}
 
     def start(self) -> None:
         ray.get(self.learner.publish.remote(), timeout=self.timeout_s)  # version 0 to every server first
@@ -265,7 +280,8 @@ class RayRuntime:
             rounds = ray.get([w.collect_round.remote() for w in self.workers], timeout=self.timeout_s)
             updates.append(ray.get(self.learner.update.remote([s for r in rounds for s in r]),
                                    timeout=self.timeout_s))
-            self.version = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)["version"]
+            self._learner_times = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)
+            self.version = self._learner_times["version"]
             ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
         else:
             if not getattr(self, "_stopped", False):
@@ -273,7 +289,7 @@ class RayRuntime:
                 self._check_workers()
             d = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)
             updates, self.version = d["updates"], d["version"]
-            self.idle["learner_wait_s"] = d["wait_s"]
+            self._learner_times = d
         episodes = []
         for w, h in enumerate(self.workers):
             try:
@@ -284,7 +300,7 @@ class RayRuntime:
             if d["stats"]["env_steps"] < prev:  # a restarted worker counts from zero again
                 self._worker_stats[w] = {"env_steps": 0, "base": self._worker_stats[w].get("base", 0) + prev}
             base = self._worker_stats.get(w, {}).get("base", 0)
-            self._worker_stats[w] = {**d["stats"], "base": base, "idle_s": d["idle_s"], "alive_s": d["alive_s"]}
+            self._worker_stats[w] = {**d["stats"], "base": base, "busy_s": d["busy_s"], "alive_s": d["alive_s"]}
             for ep in d["episodes"]:
                 if self.on_episode is not None:
                     self.on_episode(ep)
@@ -293,11 +309,14 @@ class RayRuntime:
         return {"updates": updates, "episodes": episodes}
 
     def stats(self) -> dict[str, Any]:
+        lt = getattr(self, "_learner_times", {})
         env_steps = sum(s.get("env_steps", 0) + s.get("base", 0) for s in self._worker_stats.values())
         return {"env_steps": env_steps, "learner_version": self.version, "server_version": self.server_version,
                 "queue_size": self.queue.size(), "queue_capacity": self.cfg.runtime.queue_capacity,
                 "worker_stats": list(self._worker_stats.values()), "restarts": self.restarts,
-                "learner_wait_s": self.idle["learner_wait_s"]}
+                "actor_idle_frac": 1.0 - sum(s.get("busy_s", 0.0) for s in self._worker_stats.values()) / max(
+                    sum(s.get("alive_s", 0.0) for s in self._worker_stats.values()), 1e-9),
+                "learner_idle_frac": 1.0 - lt.get("busy_s", 0.0) / max(lt.get("alive_s", 0.0), 1e-9)}
 
     def learner_state(self) -> dict[str, Any]:
         return ray.get(self.learner.state_dict.remote(), timeout=self.timeout_s)

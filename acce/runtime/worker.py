@@ -15,6 +15,24 @@ from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline
 from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, LatencyModel, Segment
 
 
+class MeasuredLatency:
+    """delay.model=measured: d from the wall-clock latency of this worker's previous inference request.
+
+    d must be known when the request is sent (it is a policy input), so the previous request's measured latency is
+    the estimate, as a real robot would use its recent latency."""
+
+    def __init__(self, control_hz: float):
+        self.control_hz = control_hz
+        self.last_s = 0.0
+
+    def observe(self, latency_s: float) -> None:
+        self.last_s = float(latency_s)
+
+    def sample_steps(self) -> int:
+        import math
+        return int(math.ceil(self.last_s * self.control_hz - 1e-9))
+
+
 class Gate(Protocol):
     def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
         """May this env start a new segment sampled with weights `version`?"""
@@ -103,7 +121,10 @@ class RolloutWorker:
         batch = self._batch([inp for inp, _ in inputs])
         t0 = time.perf_counter()
         result = self.policy.infer(batch)
-        self.stats["infer_time_s"] += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats["infer_time_s"] += elapsed
+        if hasattr(self.latency, "observe"):
+            self.latency.observe(elapsed)
         now = self.clock()
         for k, (i, (inp, d)) in enumerate(zip(go, inputs)):
             tl = self.timelines[i]

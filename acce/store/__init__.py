@@ -2,7 +2,8 @@
 
 Importing this package loads zarr but not lerobot; `export_lerobot` / `import_lerobot` import it when called.
 """
-from acce.store.episodes import EpisodeStore, StoreError, StoreSchema
+from acce.store.episodes import EpisodeStore, StoreError
+from acce.store.schema import StoreSchema
 from acce.store.lerobot_io import export_lerobot, import_lerobot
 
 __all__ = ["EpisodeStore", "StoreError", "StoreSchema", "export_lerobot", "import_lerobot"]

@@ -28,17 +28,17 @@ store as of `open`/`refresh()`.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import zarr
 
+from acce.store.schema import EPISODE_NUMBERS, EPISODE_STRINGS, TRANSITION_FIELDS, StoreSchema
 from acce.types import IMAGE_PREFIX, STATE_KEY, Episode
+
+__all__ = ["EPISODE_NUMBERS", "EPISODE_STRINGS", "TRANSITION_FIELDS", "EpisodeStore", "StoreError", "StoreSchema"]
 
 FORMAT = "acce-episodes"
 FORMAT_VERSION = 1
@@ -47,85 +47,8 @@ IMAGE_CHUNK_FRAMES = 64
 ROW_CHUNK = 1024
 """rows per chunk of the small per-frame and per-episode arrays"""
 
-TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
-    "reward": (np.float32, 0.0),
-    "terminated": (np.bool_, False),
-    "truncated": (np.bool_, False),
-    "success": (np.bool_, False),
-    "behavior_version": (np.int64, -1),
-    "delay_steps": (np.int32, 0),
-    "policy_sampled": (np.bool_, False),
-}
-"""(T,) episode fields stored per frame row: dtype and the value padding the final observation's row"""
-EPISODE_NUMBERS: dict[str, type] = {
-    "frame_start": np.int64, "num_steps": np.int64, "task_id": np.int64, "seed": np.int64,
-    "wm_version": np.int64, "success": np.bool_,
-}
-EPISODE_STRINGS = ("instruction", "task", "source", "episode_id")
-_CAMERA_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
 class StoreError(ValueError):
     """The path is not a usable acce episode store (missing, foreign, corrupt, or opened read-only)."""
-
-
-@dataclass(frozen=True)
-class StoreSchema:
-    """What every episode in a store shares; saved in the root attrs and checked on every append."""
-
-    image_shapes: dict[str, tuple[int, int]]
-    """camera name -> (H, W); obs["image/<camera>"] is uint8 (T+1, H, W, 3)"""
-    state_dim: int
-    """S: obs["state"] is float32 (T+1, S)"""
-    action_dim: int
-    """A: action is float32 (T, A) in [-1, 1]"""
-    control_hz: float
-    """control rate the episodes were recorded at"""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """free-form JSON metadata (robot type, task registry version, ...); not interpreted by the store"""
-
-    def __post_init__(self) -> None:
-        shapes = {str(k): (int(v[0]), int(v[1])) for k, v in sorted(dict(self.image_shapes).items())}
-        object.__setattr__(self, "image_shapes", shapes)
-        object.__setattr__(self, "extra", dict(self.extra or {}))
-        for cam, (h, w) in shapes.items():
-            if not _CAMERA_NAME.match(cam) or h < 1 or w < 1:
-                raise ValueError(f"image_shapes[{cam!r}] = {(h, w)}: camera names use [A-Za-z0-9_.-] "
-                                 "and (H, W) must be positive")
-        if self.state_dim < 1 or self.action_dim < 1:
-            raise ValueError(f"state_dim={self.state_dim} and action_dim={self.action_dim} must both be >= 1")
-        if not self.control_hz > 0:
-            raise ValueError(f"control_hz={self.control_hz} must be > 0")
-        try:
-            json.dumps(self.extra)
-        except TypeError as err:
-            raise ValueError(f"extra must be JSON-serializable (plain dicts, lists, numbers, str): {err}") from None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"image_shapes": {k: list(v) for k, v in self.image_shapes.items()}, "state_dim": self.state_dim,
-                "action_dim": self.action_dim, "control_hz": self.control_hz, "extra": self.extra}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StoreSchema:
-        return cls(image_shapes=d["image_shapes"], state_dim=int(d["state_dim"]), action_dim=int(d["action_dim"]),
-                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {})
-
-    def frame_arrays(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        """frames/ array name -> (shape after the frame axis, dtype); names equal Episode obs keys where shared."""
-        arrays: dict[str, tuple[tuple[int, ...], Any]] = {
-            f"{IMAGE_PREFIX}{cam}": ((h, w, 3), np.uint8) for cam, (h, w) in self.image_shapes.items()}
-        arrays[STATE_KEY] = ((self.state_dim,), np.float32)
-        arrays["timestamp_s"] = ((), np.float64)
-        arrays["action"] = ((self.action_dim,), np.float32)
-        arrays.update({name: ((), dtype) for name, (dtype, _) in TRANSITION_FIELDS.items()})
-        return arrays
-
-    def mismatch(self, other: StoreSchema, compare_extra: bool = True) -> str | None:
-        """Name the first field where `other` differs from this schema, or None."""
-        for name in ("image_shapes", "state_dim", "action_dim", "control_hz") + (("extra",) if compare_extra else ()):
-            if getattr(self, name) != getattr(other, name):
-                return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
-        return None
 
 
 def _not_a_store(path: Path, why: str) -> StoreError:
@@ -318,53 +241,73 @@ class EpisodeStore:
     # --- writing --------------------------------------------------------------------------------------------
     def append(self, episode: Episode) -> int:
         """Validate, write and commit one episode; returns its index. Nothing is written if it is invalid."""
-        rows = self._frame_rows(episode)
-        f, n, t = self._num_frames, self._num_episodes, episode.num_steps
-        for name, data in rows.items():
-            arr = self._frames[name]
-            arr.resize((f + t + 1, *arr.shape[1:]))
-            arr[f:f + t + 1] = data
-        values = {"frame_start": f, "num_steps": t, "task_id": episode.task_id, "seed": episode.seed,
-                  "wm_version": episode.wm_version, "success": episode.is_success,
-                  **{name: getattr(episode, name) for name in EPISODE_STRINGS}}
-        for name, value in values.items():
-            arr = self._episode_arrays[name]
-            arr.resize((n + 1,))
-            arr[n] = value
-        # Commit point: one atomic rewrite of the root zarr.json; everything above is invisible until it lands.
-        self._root.attrs.put({**self._root.attrs.asdict(), "num_episodes": n + 1, "num_frames": f + t + 1})
-        self._num_episodes, self._num_frames = n + 1, f + t + 1
-        for name in EPISODE_NUMBERS:
-            self._index[name] = np.append(self._index[name], np.asarray(values[name], EPISODE_NUMBERS[name]))
-        for name in EPISODE_STRINGS:
-            self._strings[name].append(values[name])
-        return n
+        return self.append_many([episode])[0]
+
+    def append_many(self, episodes: Sequence[Episode]) -> list[int]:
+        """Validate every episode, then write them all and commit once; returns their indices, in order.
+
+        Nothing is written if any episode is invalid. The batch costs one resize and one write per array plus one
+        commit, so batching amortizes the fixed per-append cost (~45 ms) over the episodes.
+        """
+        self._check_writable()
+        episodes = list(episodes)
+        rows = [self._frame_rows(episode) for episode in episodes]
+        if not episodes:
+            return []
+        f, n = self._num_frames, self._num_episodes
+        lengths = np.array([episode.num_steps + 1 for episode in episodes], np.int64)
+        new_f, new_n = f + int(lengths.sum()), n + len(episodes)
+        # Frame rows first, then episode rows: all past the commit point, so invisible until the commit lands.
+        for name, arr in self._frames.items():
+            self._write_rows(arr, f, np.concatenate([r[name] for r in rows]))
+        numbers = {"frame_start": f + np.cumsum(lengths) - lengths, "num_steps": lengths - 1,
+                   "task_id": [e.task_id for e in episodes], "seed": [e.seed for e in episodes],
+                   "wm_version": [e.wm_version for e in episodes], "success": [e.is_success for e in episodes]}
+        numbers = {name: np.asarray(numbers[name], dtype) for name, dtype in EPISODE_NUMBERS.items()}
+        strings = {name: [getattr(e, name) for e in episodes] for name in EPISODE_STRINGS}
+        for name, values in numbers.items():
+            self._write_rows(self._episode_arrays[name], n, values)
+        for name, values in strings.items():
+            self._write_rows(self._episode_arrays[name], n, np.array(values, dtype=object))
+        self._commit(new_n, new_f)
+        for name, values in numbers.items():
+            self._index[name] = np.concatenate([self._index[name], values])
+        for name, values in strings.items():
+            self._strings[name].extend(values)
+        return list(range(n, new_n))
 
     def truncate(self, num_episodes: int) -> None:
         """Keep only the first `num_episodes` episodes (undo appends, e.g. a failed import).
 
         Only the commit point moves; the dropped rows stay on disk until the next append overwrites them.
         """
-        if not self._writable:
-            raise StoreError(f"episode store {self.path} is open read-only; use EpisodeStore.open(path, mode='a')")
+        self._check_writable()
         if not 0 <= num_episodes <= len(self):
             raise ValueError(f"truncate({num_episodes}): the store has {len(self)} episodes")
         f = int(self._index["frame_start"][num_episodes]) if num_episodes < len(self) else self._num_frames
-        self._root.attrs.put({**self._root.attrs.asdict(), "num_episodes": num_episodes, "num_frames": f})
-        self._num_episodes, self._num_frames = num_episodes, f
+        self._commit(num_episodes, f)
         self._index = {k: v[:num_episodes] for k, v in self._index.items()}
         self._strings = {k: v[:num_episodes] for k, v in self._strings.items()}
 
-    def append_many(self, episodes: Sequence[Episode]) -> list[int]:
-        """Check every episode first (none written if any is invalid), then append them in order."""
-        for episode in episodes:
-            self._frame_rows(episode)
-        return [self.append(episode) for episode in episodes]
+    def _commit(self, num_episodes: int, num_frames: int) -> None:
+        """Move the commit point: one atomic rewrite of the root zarr.json (rows past it are invisible)."""
+        self._root.attrs.put({**self._root.attrs.asdict(), "num_episodes": num_episodes, "num_frames": num_frames})
+        self._num_episodes, self._num_frames = num_episodes, num_frames
+
+    @staticmethod
+    def _write_rows(arr: zarr.Array, start: int, data: np.ndarray) -> None:
+        """Write `data` at rows [start, start + len): one resize to exactly that length, then one write."""
+        stop = start + len(data)
+        if arr.shape[0] != stop:  # also cuts rows an interrupted append left past `stop`
+            arr.resize((stop, *arr.shape[1:]))
+        arr[start:stop] = data
+
+    def _check_writable(self) -> None:
+        if not self._writable:
+            raise StoreError(f"episode store {self.path} is open read-only; use EpisodeStore.open(path, mode='a')")
 
     def _frame_rows(self, episode: Episode) -> dict[str, np.ndarray]:
         """The episode as frames/ rows (T + 1 each, padded); raises ValueError naming what does not fit."""
-        if not self._writable:
-            raise StoreError(f"episode store {self.path} is open read-only; use EpisodeStore.open(path, mode='a')")
         episode.validate()
         schema, t = self.schema, episode.num_steps
         cams = {k for k in episode.obs if k.startswith(IMAGE_PREFIX)}

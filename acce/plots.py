@@ -1,0 +1,35 @@
+"""Learning curves people would rather see than read: success vs wall-clock and vs env steps (PNG)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_learning_curve(curve: list[dict[str, Any]], evals: list[dict[str, Any]], tasks, path: str | Path,
+                        title: str = "") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x_key, label in ((axes[0], "wall_s", "wall-clock (s, RL phase)"), (axes[1], "env_steps", "env steps")):
+        for i, task in enumerate(tasks):
+            color = f"C{i}"
+            pts = [(c[x_key], c[f"train/{task}"]) for c in curve if f"train/{task}" in c]
+            if pts:
+                ax.plot(*zip(*pts), color=color, alpha=0.6, label=f"{task}: training episodes (rolling)")
+            ev = [(e[x_key], e[f"eval/success/{task}/heldout"]) for e in evals if f"eval/success/{task}/heldout" in e]
+            if ev:
+                ax.plot(*zip(*ev), "o-", color=color, label=f"{task}: eval, held-out paraphrases, test seeds")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success rate")
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

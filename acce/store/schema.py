@@ -1,0 +1,90 @@
+"""Schema of an acce episode store: what every episode shares, and the per-frame / per-episode array specs.
+
+Split out of `acce.store.episodes` (which re-exports everything here); see that module's docstring for the layout.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from acce.types import IMAGE_PREFIX, STATE_KEY
+
+TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
+    "reward": (np.float32, 0.0),
+    "terminated": (np.bool_, False),
+    "truncated": (np.bool_, False),
+    "success": (np.bool_, False),
+    "behavior_version": (np.int64, -1),
+    "delay_steps": (np.int32, 0),
+    "policy_sampled": (np.bool_, False),
+}
+"""(T,) episode fields stored per frame row: dtype and the value padding the final observation's row"""
+EPISODE_NUMBERS: dict[str, type] = {
+    "frame_start": np.int64, "num_steps": np.int64, "task_id": np.int64, "seed": np.int64,
+    "wm_version": np.int64, "success": np.bool_,
+}
+EPISODE_STRINGS = ("instruction", "task", "source", "episode_id")
+_CAMERA_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class StoreSchema:
+    """What every episode in a store shares; saved in the root attrs and checked on every append."""
+
+    image_shapes: dict[str, tuple[int, int]]
+    """camera name -> (H, W); obs["image/<camera>"] is uint8 (T+1, H, W, 3)"""
+    state_dim: int
+    """S: obs["state"] is float32 (T+1, S)"""
+    action_dim: int
+    """A: action is float32 (T, A) in [-1, 1]"""
+    control_hz: float
+    """control rate the episodes were recorded at"""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """free-form JSON metadata (robot type, task registry version, ...); not interpreted by the store"""
+
+    def __post_init__(self) -> None:
+        shapes = {str(k): (int(v[0]), int(v[1])) for k, v in sorted(dict(self.image_shapes).items())}
+        object.__setattr__(self, "image_shapes", shapes)
+        object.__setattr__(self, "extra", dict(self.extra or {}))
+        for cam, (h, w) in shapes.items():
+            if not _CAMERA_NAME.match(cam) or h < 1 or w < 1:
+                raise ValueError(f"image_shapes[{cam!r}] = {(h, w)}: camera names use [A-Za-z0-9_.-] "
+                                 "and (H, W) must be positive")
+        if self.state_dim < 1 or self.action_dim < 1:
+            raise ValueError(f"state_dim={self.state_dim} and action_dim={self.action_dim} must both be >= 1")
+        if not self.control_hz > 0:
+            raise ValueError(f"control_hz={self.control_hz} must be > 0")
+        try:
+            json.dumps(self.extra)
+        except TypeError as err:
+            raise ValueError(f"extra must be JSON-serializable (plain dicts, lists, numbers, str): {err}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image_shapes": {k: list(v) for k, v in self.image_shapes.items()}, "state_dim": self.state_dim,
+                "action_dim": self.action_dim, "control_hz": self.control_hz, "extra": self.extra}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StoreSchema:
+        return cls(image_shapes=d["image_shapes"], state_dim=int(d["state_dim"]), action_dim=int(d["action_dim"]),
+                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {})
+
+    def frame_arrays(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """frames/ array name -> (shape after the frame axis, dtype); names equal Episode obs keys where shared."""
+        arrays: dict[str, tuple[tuple[int, ...], Any]] = {
+            f"{IMAGE_PREFIX}{cam}": ((h, w, 3), np.uint8) for cam, (h, w) in self.image_shapes.items()}
+        arrays[STATE_KEY] = ((self.state_dim,), np.float32)
+        arrays["timestamp_s"] = ((), np.float64)
+        arrays["action"] = ((self.action_dim,), np.float32)
+        arrays.update({name: ((), dtype) for name, (dtype, _) in TRANSITION_FIELDS.items()})
+        return arrays
+
+    def mismatch(self, other: StoreSchema, compare_extra: bool = True) -> str | None:
+        """Name the first field where `other` differs from this schema, or None."""
+        for name in ("image_shapes", "state_dim", "action_dim", "control_hz") + (("extra",) if compare_extra else ()):
+            if getattr(self, name) != getattr(other, name):
+                return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
+        return None
