@@ -4,14 +4,18 @@ On-disk layout (one directory)::
 
     <path>/zarr.json               root attrs: {"format": "acce-episodes", "format_version": 1, "schema": {...},
                                    "num_episodes": N, "num_frames": F}   <- N and F are the commit point
-    <path>/frames/image/<camera>   (F, H, W, 3) uint8, chunks (64, H, W, 3)
-    <path>/frames/state            (F, S) float32
-    <path>/frames/timestamp_s      (F,) float64
-    <path>/frames/action           (F, A) float32
+    <path>/frames/image/<camera>   (F', H, W, 3) uint8, chunks (64, H, W, 3)
+    <path>/frames/state            (F', S) float32
+    <path>/frames/timestamp_s      (F',) float64
+    <path>/frames/action           (F', A) float32
     <path>/frames/{reward (float32), terminated, truncated, success, policy_sampled (bool),
-                   behavior_version (int64), delay_steps (int32)}   (F,)
-    <path>/episodes/{frame_start, num_steps, task_id, seed, wm_version (int64), success (bool)}   (N,)
-    <path>/episodes/{instruction, task, source, episode_id}   (N,) variable-length UTF-8 strings
+                   behavior_version (int64), delay_steps (int32)}   (F',)
+    <path>/episodes/{frame_start, num_steps, task_id, seed, wm_version (int64), success (bool)}   (N',)
+    <path>/episodes/{instruction, task, source, episode_id}   (N',) variable-length UTF-8 strings
+
+F' >= F and N' >= N are capacities: an append that needs more rows resizes an array to at least double its length,
+so most appends write without a resize. Only rows below the commit point are data; read through `EpisodeStore`
+(or slice [:F] / [:N]), never by an array's full length.
 
 Episode e owns frame rows [frame_start, frame_start + num_steps + 1): one row per observation, so observations,
 timestamps and transition fields share one frame index. Row T (the final observation) has no transition; its
@@ -21,10 +25,12 @@ Strings are zarr v3 variable-length UTF-8 arrays. Measured with zarr 3.1.6 (loca
 ~2 ms per string array at any size, while a JSON list in the root attrs costs 4 ms at 1k episodes, 35 ms at 10k
 and 330 ms at 100k (the whole list is rewritten on every commit).
 
-Appends are crash-safe for one writer: frame rows are written first, then the episode rows, and the commit is a
-single atomic rewrite of the root zarr.json (zarr's LocalStore writes to a temp file and renames). Rows beyond the
-committed counts (an interrupted append) are ignored on open and overwritten by the next append. Readers see the
-store as of `open`/`refresh()`.
+Appends are crash-safe for one writer: `append_many` writes a batch's frame rows (one write per array, plus a
+resize only when capacity runs out), then its episode rows, then commits once with a single atomic rewrite of the
+root zarr.json (zarr's LocalStore writes to a temp file and renames). Rows beyond the committed counts (spare
+capacity, an interrupted append) are ignored on open and overwritten by the next append. Measured (zarr 3.1.6,
+local disk, one 64x64 camera, 7-frame episodes): one episode per commit costs ~28 ms; batches of 32 ~1.1 ms per
+episode. `append(e)` is `append_many([e])`. Readers see the store as of `open`/`refresh()`.
 """
 from __future__ import annotations
 
@@ -246,8 +252,8 @@ class EpisodeStore:
     def append_many(self, episodes: Sequence[Episode]) -> list[int]:
         """Validate every episode, then write them all and commit once; returns their indices, in order.
 
-        Nothing is written if any episode is invalid. The batch costs one resize and one write per array plus one
-        commit, so batching amortizes the fixed per-append cost (~45 ms) over the episodes.
+        Nothing is written if any episode is invalid. The batch costs one write per array (plus a resize when an
+        array's capacity runs out) and one commit, so batching amortizes the fixed per-commit cost over episodes.
         """
         self._check_writable()
         episodes = list(episodes)
@@ -296,10 +302,10 @@ class EpisodeStore:
 
     @staticmethod
     def _write_rows(arr: zarr.Array, start: int, data: np.ndarray) -> None:
-        """Write `data` at rows [start, start + len): one resize to exactly that length, then one write."""
+        """Write `data` at rows [start, start + len), first growing the array to >= 2x its length if it is short."""
         stop = start + len(data)
-        if arr.shape[0] != stop:  # also cuts rows an interrupted append left past `stop`
-            arr.resize((stop, *arr.shape[1:]))
+        if arr.shape[0] < stop:  # geometric growth: ~25% faster batches, ~35% faster single appends (measured)
+            arr.resize((max(stop, 2 * arr.shape[0]), *arr.shape[1:]))
         arr[start:stop] = data
 
     def _check_writable(self) -> None:
