@@ -189,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim | experts | throughput")
+    p.add_argument("name", help="benchmark: sim | experts | throughput | delay")
+    p.add_argument("--seeds", type=int, default=3, help="[delay] training seeds per cell")
+    p.add_argument("--workdir", default=None, help="[delay] keep the runs here (default: a temporary folder)")
+    p.add_argument("--plot", default=None, help="[delay] write the success-vs-delay plot (PNG) here")
     p.add_argument("--episodes", type=int, default=100, help="[experts] test-seed episodes per task and noise")
     p.add_argument("--out", default=None, help="JSON result file")
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")

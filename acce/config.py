@@ -180,6 +180,9 @@ class LearnerConfig:
     """largest learner_version - behavior_version admitted (pacing); -1 = unbounded"""
     delay_correction: bool = True
     """delay-aware learning (DESIGN.md §5); false = the naive baseline"""
+    value_warmup_updates: int = 0
+    """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
+    advantages from an untrained critic"""
     augment_shift_px: int = 3
     """random-shift image augmentation of learner batches in pixels (0: off); inference never augments"""
 
@@ -268,6 +271,9 @@ class TrainConfig:
     """stop after this many simulator env steps (0: no limit)"""
     max_versions: int = 0
     """stop after this many learner versions (0: no limit)"""
+    init_from: str = ""
+    """start from this checkpoint's policy weights and normalization (e.g. a shared warm start) at version 0;
+    '' = build a new policy (and run the bc warm start if configured)"""
     final_eval: bool = True
     """evaluate on test seeds at the end (benchmarks that only measure throughput turn it off)"""
     checkpoint_every_versions: int = 200

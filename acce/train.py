@@ -120,6 +120,10 @@ class Trainer:
             self.history = d.get("history", [])
             self.curve = d.get("curve", [])
             return learner
+        if cfg.train.init_from:
+            from acce.checkpoint import load_checkpoint as load_ckpt
+            policy = VLAPolicy.from_state(load_ckpt(cfg.train.init_from)["learner"]["policy"])
+            return Learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = _bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
             return learner

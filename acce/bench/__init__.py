@@ -31,7 +31,15 @@ def _bench_throughput(cfg, args) -> dict:
     return run_throughput(args.config, list(args.overrides), args.duration_s)
 
 
-BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput}
+def _bench_delay(cfg, args) -> dict:
+    from acce.bench.delay import run_delay_bench
+    return run_delay_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)),
+                           rl_wall_s=args.duration_s, eval_episodes=args.episodes, workdir=args.workdir,
+                           plot=args.plot)
+
+
+BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
+                               "delay": _bench_delay}
 """name -> benchmark function"""
 
 

@@ -59,6 +59,7 @@ class Learner:
         self.version = 0
         self.rng = np.random.default_rng(seed)
         self.excluded_segments = 0
+        self.updates = 0
         self.consumed_segments = 0
         self.consumed_env_steps = 0
 
@@ -76,6 +77,7 @@ class Learner:
         return {"policy": self.policy.policy_state(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "excluded_segments": self.excluded_segments,
+                "updates": self.updates,
                 "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -84,8 +86,8 @@ class Learner:
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
-        for k in ("excluded_segments", "consumed_segments", "consumed_env_steps"):
-            setattr(self, k, int(state[k]))
+        for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
+            setattr(self, k, int(state.get(k, 0)))
 
     # --- update -------------------------------------------------------------------------------------------------
     def admit(self, segments: Sequence[Segment]) -> tuple[list[Segment], dict[str, float]]:
@@ -158,7 +160,8 @@ class Learner:
                     pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
                 vl = value_loss(values, tg["returns"][it], tg["old_values"][it], clip=cfg.value_clip)
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
-                loss = pl + cfg.vf_coef * vl - cfg.ent_coef * ent
+                pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
+                loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -168,6 +171,7 @@ class Learner:
                 for k, v in {**stats, "loss/policy": pl.item(), "loss/value": vl.item(), "loss/entropy": ent.item(),
                              "loss/grad_norm": grad_norm.item()}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
+        self.updates += 1
         self.consumed_segments += len(segments)
         self.consumed_env_steps += int(data["exec_len"].sum())
         metrics.update({k: v / steps for k, v in sums.items()})
