@@ -243,6 +243,8 @@ class RuntimeConfig:
     """rollout queue capacity in segments; producers block when full"""
     timeout_s: float = 120.0
     """any role call or queue wait longer than this fails loudly instead of hanging"""
+    startup_timeout_s: float = 600.0
+    """allowance for all actors to start (imports, simulators, language model) before timeout_s applies"""
 
     def __post_init__(self) -> None:
         if self.kind not in ("ray", "local"):

@@ -188,6 +188,8 @@ class Trainer:
         results = None
         try:
             runtime.start()
+            if cfg.eval.every_versions and not self.history:  # the starting point (e.g. the BC warm start)
+                self.evaluate(runtime.policy_state(), start_version, video=False)
             while True:
                 out = runtime.poll()
                 stats = runtime.stats()

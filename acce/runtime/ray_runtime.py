@@ -202,6 +202,9 @@ class LearnerActor:
     def stop(self) -> None:
         self.stopped = True
 
+    def ready(self) -> bool:
+        return True
+
     def drain(self) -> dict:
         ups, self.updates = self.updates, []
         return {"updates": ups, "version": self.learner.version, "wait_s": self.wait_s, "busy_s": self.busy_s,
@@ -251,6 +254,10 @@ class RayRuntime:
         self.restarts = 0
 
     def start(self) -> None:
+        # Actor start-up (imports, MuJoCo, the language model) is not a hang: wait for it with its own allowance
+        # before every later call is held to runtime.timeout_s.
+        ready = [h.pid.remote() for h in self.workers] + [self.server.version.remote(), self.learner.ready.remote()]
+        ray.get(ready, timeout=self.cfg.runtime.startup_timeout_s)
         ray.get(self.learner.publish.remote(), timeout=self.timeout_s)  # version 0 to every server first
         if self.sync:
             ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
@@ -305,7 +312,8 @@ class RayRuntime:
                 if self.on_episode is not None:
                     self.on_episode(ep)
                 episodes.append(ep)
-        self.server_version = ray.get(self.server.version.remote(), timeout=self.timeout_s)
+        self.server_version, self._server_stats = ray.get([self.server.version.remote(), self.server.stats.remote()],
+                                                          timeout=self.timeout_s)
         return {"updates": updates, "episodes": episodes}
 
     def stats(self) -> dict[str, Any]:
@@ -313,6 +321,7 @@ class RayRuntime:
         env_steps = sum(s.get("env_steps", 0) + s.get("base", 0) for s in self._worker_stats.values())
         return {"env_steps": env_steps, "learner_version": self.version, "server_version": self.server_version,
                 "queue_size": self.queue.size(), "queue_capacity": self.cfg.runtime.queue_capacity,
+                "swap_ms": getattr(self, "_server_stats", {}).get("swap_ms_last", 0.0),
                 "worker_stats": list(self._worker_stats.values()), "restarts": self.restarts,
                 "actor_idle_frac": 1.0 - sum(s.get("busy_s", 0.0) for s in self._worker_stats.values()) / max(
                     sum(s.get("alive_s", 0.0) for s in self._worker_stats.values()), 1e-9),
