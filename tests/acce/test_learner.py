@@ -1,0 +1,92 @@
+"""Learner wiring on hand-built segments: bootstrap rows, staleness admission, GAE targets, versions."""
+import numpy as np
+import pytest
+import torch
+
+from acce.config import load
+from acce.policy.norm import NormStats
+from acce.policy.vla import VLAPolicy
+from acce.runtime.learner import Learner, collate
+from acce.runtime.timeline import EnvTimeline, build_segment
+from test_timeline import decide  # noqa: E402  (tests/acce is on sys.path under pytest's rootdir import mode)
+
+G = 0.9
+
+
+def make_learner(overrides=()):
+    cfg = load(None, ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
+                      "policy.trunk_width=32", "policy.trunk_layers=1", "policy.trunk_heads=2",
+                      "policy.max_delay_steps=2", "policy.chunk_len=6", f"learner.gamma={G}", "learner.lam=1.0",
+                      "learner.epochs=1", "learner.minibatches=1", *overrides])
+    torch.manual_seed(0)
+    policy = VLAPolicy(cfg.policy, 1, 2, NormStats.from_states(np.zeros((4, 1), np.float32)))
+    return cfg, Learner(policy, cfg.learner)
+
+
+def segment(rewards, version=0, truncate_last=False):
+    """One env, decisions every 2 steps with d = 0; step rewards given; optional truncation at the end."""
+    tl = EnvTimeline(6, 2, 2, 2, G, aware=True)
+    for k in range(len(rewards) // 2):
+        dec = decide(tl, k, 0)
+        dec.version = version
+        for r in rewards[2 * k:2 * k + 2]:
+            tl.action()
+            tl.record(r, success=False)
+    obs = {"state": np.array([99.0], np.float32), "instruction": "x", "task_id": 0}
+    if truncate_last:
+        tl.end_episode(terminated=False, truncated=True, final_inp=tl.make_input(obs, 0))
+    else:
+        decide(tl, 9, 0)
+    seg = build_segment(tl.closed, 6, G)
+    seg.obs["image/front"] = np.zeros((len(seg), 32, 32, 3), np.uint8)
+    seg.bootstrap["image/front"] = np.zeros((len(seg.bootstrap["state"]), 32, 32, 3), np.uint8)
+    return seg
+
+
+def constant_value(learner, c):
+    with torch.no_grad():
+        learner.policy.value_head.weight.zero_()
+        learner.policy.value_head.bias.fill_(c)
+
+
+def test_targets_use_bootstrap_rows_and_semi_markov_discounts():
+    _, learner = make_learner()
+    constant_value(learner, 2.0)
+    seg = segment([1.0, 1.0, 0.0, 1.0])  # decision rewards: 1 + 0.9 = 1.9 and 0 + 0.9 = 0.9
+    data = collate([seg])
+    np.testing.assert_allclose(data["reward"], [[1.9, 0.9]], rtol=1e-6)
+    tg = learner._targets(data)
+    # lam = 1: A_1 = 0.9 + 0.81 * 2 - 2 = 0.52 ; A_0 = 1.9 + 0.81 * 2 - 2 + 0.81 * 0.52 = 1.9412
+    np.testing.assert_allclose(tg["adv"].numpy(), [1.9412, 0.52], rtol=1e-5)
+    np.testing.assert_allclose(tg["returns"].numpy(), [3.9412, 2.52], rtol=1e-5)
+
+
+def test_truncated_episode_bootstraps_from_its_final_observation():
+    _, learner = make_learner()
+    constant_value(learner, 1.0)
+    seg = segment([0.0, 0.0, 1.0, 0.0], truncate_last=True)
+    assert seg.truncated[-1] and seg.next_index[-1] == 0 and seg.bootstrap["state"][0, 0] == 99.0
+    tg = learner._targets(collate([seg]))
+    # A_1 = 1 + 0.81 * 1 - 1 = 0.81 (bootstraps through the truncation)
+    assert tg["adv"][1].item() == pytest.approx(0.81, rel=1e-5)
+
+
+def test_stale_segments_are_excluded_and_counted_versions_advance():
+    cfg, learner = make_learner(["learner.max_staleness=1"])
+    learner.version = 5
+    fresh, stale = segment([1, 0, 1, 0], version=4), segment([1, 0, 1, 0], version=3)
+    metrics = learner.update([fresh, stale])
+    assert learner.excluded_segments == 1 and metrics["staleness/max"] == 2.0
+    assert learner.version == 6  # one optimizer step (epochs * minibatches = 1)
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    learner.update([segment([1, 1, 1, 1], version=6)])
+    assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
+
+
+def test_value_warmup_leaves_the_actor_alone():
+    _, learner = make_learner(["learner.value_warmup_updates=1"])
+    mean_head = learner.policy.mean_head.weight.clone()
+    value_head = learner.policy.value_head.weight.clone()
+    learner.update([segment([1, 0, 1, 0])])
+    assert torch.equal(mean_head, learner.policy.mean_head.weight)
+    assert not torch.equal(value_head, learner.policy.value_head.weight)
