@@ -13,6 +13,9 @@ import numpy as np
 
 from sim.scene import CUBE_HALF_M, Scene, SceneSpec
 
+CUBE_COLORS = ("red", "green", "blue")
+PAD_COLORS = ("yellow", "magenta", "cyan")
+
 TRAIN_SEEDS = range(0, 1_000_000)
 """episode seeds used for training and data collection"""
 TEST_SEEDS = range(1_000_000, 1_100_000)
@@ -100,3 +103,32 @@ def sample_separated_xy(rng: np.random.Generator, n: int, min_dist_m: float, hal
 
 def cube_on_table(scene: Scene, color: str) -> bool:
     return bool(scene.cube_pos(color)[2] < CUBE_HALF_M + 0.005)
+
+
+class CubeToPadTask(Task):
+    """Shared layout of the two-cube, two-pad tasks (push, pick_place): which cube to which pad is in the
+    instruction; the other cube and pad are distractors."""
+
+    def scene_spec(self) -> SceneSpec:
+        return SceneSpec(cubes=CUBE_COLORS[:2], pads=PAD_COLORS[:2])
+
+    def choose_targets(self, rng: np.random.Generator) -> tuple[str, str]:
+        """Pick the named cube and pad; returns the distractor cube and pad."""
+        cubes, pads = CUBE_COLORS[:2], PAD_COLORS[:2]
+        self.cube = cubes[int(rng.integers(2))]
+        self.pad = pads[int(rng.integers(2))]
+        return next(c for c in cubes if c != self.cube), next(p for p in pads if p != self.pad)
+
+    def place(self, scene: Scene, rng: np.random.Generator, xy: list[np.ndarray], others: tuple[str, str],
+              max_yaw_rad: float, opening01: float) -> dict[str, str]:
+        """xy = (cube, pad, other cube, other pad) positions; then the gripper starts above the table."""
+        scene.set_cube(self.cube, xy[0], yaw_rad=float(rng.uniform(-max_yaw_rad, max_yaw_rad)))
+        scene.set_cube(others[0], xy[2], yaw_rad=float(rng.uniform(-max_yaw_rad, max_yaw_rad)))
+        scene.set_pad(self.pad, xy[1])
+        scene.set_pad(others[1], xy[3])
+        start = np.array([*rng.uniform(-0.15, 0.15, size=2), rng.uniform(0.1, 0.18)])
+        scene.place_gripper(start, opening01=opening01)
+        return {"cube": self.cube, "pad": self.pad}
+
+    def cube_to_pad(self, scene: Scene) -> float:
+        return float(np.linalg.norm(scene.cube_pos(self.cube)[:2] - scene.pad_pos(self.pad)[:2]))

@@ -5,11 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene, SceneSpec
-from sim.task import Task, TaskConfig, sample_separated_xy
+from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene
+from sim.task import CubeToPadTask, TaskConfig, sample_separated_xy
 
-CUBES = ("red", "green", "blue")
-PADS = ("yellow", "magenta", "cyan")
 CARRY_Z_M = 0.1
 """fingertip height for carrying"""
 GRASP_Z_M = 0.006
@@ -24,7 +22,7 @@ class PickPlaceConfig(TaskConfig):
     """the cube resting with its centre within this distance of the pad's centre, released, is success"""
 
 
-class PickPlace(Task):
+class PickPlace(CubeToPadTask):
     name = "pick_place"
     config_cls = PickPlaceConfig
     train_templates = ("put the {cube} cube on the {pad} pad", "place the {cube} block onto the {pad} pad",
@@ -32,24 +30,10 @@ class PickPlace(Task):
     heldout_templates = ("lift the {cube} box and drop it on the {pad} disc", "carry the {cube} cube over to the {pad} pad")
     reward_weights = {"tip_to_cube_m": -0.5, "cube_to_pad_m": -2.0, "lifted": 0.5, "success": 10.0}
 
-    def scene_spec(self) -> SceneSpec:
-        return SceneSpec(cubes=CUBES[:2], pads=PADS[:2])
-
     def reset(self, scene: Scene, rng: np.random.Generator) -> dict[str, str]:
-        cubes, pads = list(CUBES[:2]), list(PADS[:2])
-        self.cube = cubes[int(rng.integers(2))]
-        self.pad = pads[int(rng.integers(2))]
-        points = sample_separated_xy(rng, 4, 0.12, half_extent_m=0.17)
-        scene.set_cube(self.cube, points[0], yaw_rad=float(rng.uniform(-0.5, 0.5)))
-        scene.set_cube(next(c for c in cubes if c != self.cube), points[1], yaw_rad=float(rng.uniform(-0.5, 0.5)))
-        scene.set_pad(self.pad, points[2])
-        scene.set_pad(next(p for p in pads if p != self.pad), points[3])
-        start = np.array([*rng.uniform(-0.15, 0.15, size=2), rng.uniform(0.1, 0.18)])
-        scene.place_gripper(start, opening01=1.0)
-        return {"cube": self.cube, "pad": self.pad}
-
-    def _cube_to_pad(self, scene: Scene) -> float:
-        return float(np.linalg.norm(scene.cube_pos(self.cube)[:2] - scene.pad_pos(self.pad)[:2]))
+        others = self.choose_targets(rng)
+        cube_xy, other_cube_xy, pad_xy, other_pad_xy = sample_separated_xy(rng, 4, 0.12, half_extent_m=0.17)
+        return self.place(scene, rng, [cube_xy, pad_xy, other_cube_xy, other_pad_xy], others, 0.5, 1.0)
 
     def _holding(self, scene: Scene) -> bool:
         near = np.linalg.norm(scene.cube_pos(self.cube) - (scene.tip_pos + [0, 0, CUBE_HALF_M])) < 0.03
@@ -57,13 +41,13 @@ class PickPlace(Task):
 
     def reward_terms(self, scene: Scene) -> dict[str, float]:
         return {"tip_to_cube_m": float(np.linalg.norm(scene.tip_pos - scene.cube_pos(self.cube))),
-                "cube_to_pad_m": self._cube_to_pad(scene),
+                "cube_to_pad_m": self.cube_to_pad(scene),
                 "lifted": float(scene.cube_pos(self.cube)[2] > CUBE_HALF_M + 0.02),
                 "success": float(self.is_success(scene))}
 
     def is_success(self, scene: Scene) -> bool:
         resting = scene.cube_pos(self.cube)[2] < CUBE_HALF_M + 0.005
-        return bool(self._cube_to_pad(scene) < self.config.success_radius_m and resting
+        return bool(self.cube_to_pad(scene) < self.config.success_radius_m and resting
                     and scene.finger_opening > 0.8)
 
     def expert_action(self, scene: Scene) -> np.ndarray:
@@ -78,7 +62,7 @@ class PickPlace(Task):
                 return self.move_toward(scene, np.array([*pad[:2], GRASP_Z_M]), grip=1.0)
             return self.move_toward(scene, tip, grip=-1.0)  # over the pad and low: release
         xy_err = np.linalg.norm(tip[:2] - cube[:2])
-        if cube[2] < CUBE_HALF_M + 0.005 and self._cube_to_pad(scene) < self.config.success_radius_m:
+        if cube[2] < CUBE_HALF_M + 0.005 and self.cube_to_pad(scene) < self.config.success_radius_m:
             # released on the pad: open fully and back off upward
             return self.move_toward(scene, np.array([*tip[:2], CARRY_Z_M]), grip=-1.0)
         if xy_err > 0.008:

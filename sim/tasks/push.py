@@ -5,11 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene, SceneSpec
-from sim.task import Task, TaskConfig, sample_separated_xy
+from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene
+from sim.task import CubeToPadTask, TaskConfig, sample_separated_xy
 
-CUBES = ("red", "green", "blue")
-PADS = ("yellow", "magenta", "cyan")
 PUSH_Z_M = 0.012
 """fingertip height while pushing: below the cube's centre so the cube slides instead of tipping"""
 CLEAR_Z_M = 0.08
@@ -28,7 +26,7 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return v / max(float(np.linalg.norm(v)), 1e-9)
 
 
-class Push(Task):
+class Push(CubeToPadTask):
     name = "push"
     config_cls = PushConfig
     train_templates = ("push the {cube} cube onto the {pad} pad", "slide the {cube} block to the {pad} pad",
@@ -36,15 +34,8 @@ class Push(Task):
     heldout_templates = ("nudge the {cube} box over to the {pad} pad", "get the {cube} cube onto the {pad} disc")
     reward_weights = {"tip_to_cube_m": -0.5, "cube_to_pad_m": -2.0, "success": 10.0}
 
-    def scene_spec(self) -> SceneSpec:
-        return SceneSpec(cubes=CUBES[:2], pads=PADS[:2])
-
     def reset(self, scene: Scene, rng: np.random.Generator) -> dict[str, str]:
-        cubes, pads = list(CUBES[:2]), list(PADS[:2])
-        self.cube = cubes[int(rng.integers(2))]
-        self.pad = pads[int(rng.integers(2))]
-        other_cube = next(c for c in cubes if c != self.cube)
-        other_pad = next(p for p in pads if p != self.pad)
+        others = self.choose_targets(rng)
         while True:
             cube_xy, pad_xy, other_cube_xy, other_pad_xy = sample_separated_xy(rng, 4, 0.12, half_extent_m=0.17)
             dist = np.linalg.norm(pad_xy - cube_xy)
@@ -53,23 +44,14 @@ class Push(Task):
             t = np.clip(np.dot(other_cube_xy - cube_xy, seg) / np.dot(seg, seg), 0.0, 1.0)
             if 0.12 <= dist <= 0.24 and np.linalg.norm(cube_xy + t * seg - other_cube_xy) > 0.1:
                 break
-        scene.set_cube(self.cube, cube_xy, yaw_rad=float(rng.uniform(-np.pi, np.pi)))
-        scene.set_cube(other_cube, other_cube_xy, yaw_rad=float(rng.uniform(-np.pi, np.pi)))
-        scene.set_pad(self.pad, pad_xy)
-        scene.set_pad(other_pad, other_pad_xy)
-        start = np.array([*rng.uniform(-0.15, 0.15, size=2), rng.uniform(0.1, 0.18)])
-        scene.place_gripper(start, opening01=0.0)
-        return {"cube": self.cube, "pad": self.pad}
-
-    def _cube_to_pad(self, scene: Scene) -> float:
-        return float(np.linalg.norm(scene.cube_pos(self.cube)[:2] - scene.pad_pos(self.pad)[:2]))
+        return self.place(scene, rng, [cube_xy, pad_xy, other_cube_xy, other_pad_xy], others, np.pi, 0.0)
 
     def reward_terms(self, scene: Scene) -> dict[str, float]:
         return {"tip_to_cube_m": float(np.linalg.norm(scene.tip_pos - scene.cube_pos(self.cube))),
-                "cube_to_pad_m": self._cube_to_pad(scene), "success": float(self.is_success(scene))}
+                "cube_to_pad_m": self.cube_to_pad(scene), "success": float(self.is_success(scene))}
 
     def is_success(self, scene: Scene) -> bool:
-        return self._cube_to_pad(scene) < self.config.success_radius_m
+        return self.cube_to_pad(scene) < self.config.success_radius_m
 
     def expert_action(self, scene: Scene) -> np.ndarray:
         cube, pad, tip = scene.cube_pos(self.cube)[:2], scene.pad_pos(self.pad)[:2], scene.tip_pos
