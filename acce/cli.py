@@ -198,8 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
     p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")
     p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0, help="[sim] seconds per measurement; [throughput] seconds per mode and case")
+    p.add_argument("--checkpoint", default=None, help="[serve] checkpoint to serve and rehearse")
     _add_config_args(p)
     p.set_defaults(fn=cmd_bench)
+    __import__("robot_bridge.cli", fromlist=["add_parsers"]).add_parsers(sub)  # acce serve / acce robot (lazy)
     return parser
 
 

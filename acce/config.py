@@ -235,6 +235,9 @@ class RuntimeConfig:
     """Ray CPU resource per inference server"""
     torch_threads: int = 1
     """torch intra-op threads per role process (2-core machines: 1 avoids oversubscription)"""
+    driver_threads: int = 0
+    """torch threads of the driver process (BC warm start, evaluation); 0 = torch's default (all cores). On a
+    machine shared with other jobs use 1: oversubscribed OpenMP threads ran BC ~30x slower here"""
     max_batch: int = 64
     """inference server: largest merged batch"""
     timeout_ms: float = 2.0

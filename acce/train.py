@@ -94,6 +94,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
         self.cfg, self.progress = cfg, progress
+        if cfg.runtime.driver_threads > 0:
+            import torch
+            torch.set_num_threads(cfg.runtime.driver_threads)
         self.run_dir = Path(resume) if resume else cfg.run.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = Metrics(self.run_dir / "tb")

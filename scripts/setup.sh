@@ -21,6 +21,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     || { echo "[setup] install incomplete" >&2; exit 1; }
   echo "$WANT" > "$STAMP"
 fi
+# openpi-client pins numpy<2: the robot-side protocol test runs it from its own environment, as a robot would.
+bash "$ROOT/scripts/setup_openpi.sh"
 # Offscreen MuJoCo rendering through EGL (Mesa) and no model-hub downloads at run time.
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"

@@ -38,7 +38,12 @@ def _bench_delay(cfg, args) -> dict:
                            plot=args.plot)
 
 
-BENCHES: dict[str, BenchFn] = {"sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
+def _bench_serve(cfg, args) -> dict:
+    from robot_bridge.bench import run_serve_bench
+    return run_serve_bench(args)
+
+
+BENCHES: dict[str, BenchFn] = {"serve": _bench_serve, "sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
                                "delay": _bench_delay}
 """name -> benchmark function"""
 

@@ -1,0 +1,205 @@
+"""The safety envelope: the last thing every action passes before the robot, whatever produced it.
+
+Order, each step: e-stop (latched) -> watchdog (no fresh policy reply within `timeout_s`) -> nothing to execute
+-> NaN/inf rejection -> action bounds -> per-step rate limit -> workspace box. The first three replace the action
+with the *hold* action; the others clamp it. Every intervention is counted, logged and returned as an event, and
+the step is marked not-sampled when the executed action differs from the policy's by more than
+`sampled_tolerance` (DESIGN.md §5 rule 4: such steps give rewards and values but no policy-gradient term).
+
+Hold: for delta-commanded dims (the tabletop's fingertip motion) hold means 0 = "stay where you are"; dims in
+`hold_keep_dims` (a gripper, commanded absolutely) keep their last executed value, so holding never drops an object.
+For absolute position control set `hold_keep_dims` to every dim.
+
+Workspace box: with a delta end-effector action, the commanded fingertip target is tip + a[xyz] * max_step_m,
+where tip comes from the observed state. The action is clamped so that target stays inside [low, high].
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+EVENT_KINDS = ("estop", "watchdog", "hold", "nonfinite", "bounds", "rate", "workspace")
+"""intervention kinds, in the order they are checked"""
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    """Limits applied to every action (normalized units unless a field says otherwise)."""
+
+    action_low: tuple[float, ...] = ()
+    """per-dim lower bound of the executed action; () = -1 for every dim"""
+    action_high: tuple[float, ...] = ()
+    """per-dim upper bound; () = +1 for every dim"""
+    max_rate: tuple[float, ...] = ()
+    """per-dim largest change from the previous executed action in one step; () = no rate limit"""
+    timeout_s: float = 1.0
+    """watchdog: hold when no policy reply arrived for this long (must exceed execution horizon / control_hz plus
+    the slowest expected reply)"""
+    hold_keep_dims: tuple[int, ...] = ()
+    """dims that keep their last executed value while holding (absolute commands such as a gripper)"""
+    workspace_low: tuple[float, ...] = ()
+    """(3,) lower corner of the fingertip workspace box in metres; () = no box"""
+    workspace_high: tuple[float, ...] = ()
+    """(3,) upper corner of the box"""
+    tip_state_dims: tuple[int, ...] = (0, 1, 2)
+    """state dims holding the fingertip position (m), used by the workspace box"""
+    tip_action_dims: tuple[int, ...] = (0, 1, 2)
+    """action dims commanding fingertip motion (delta, in units of max_step_m)"""
+    max_step_m: float = 0.0
+    """fingertip displacement of an action of magnitude 1 (from the checkpoint's action_repr)"""
+    sampled_tolerance: float = 1e-3
+    """an executed action further than this from the sampled one marks the step policy_sampled=False"""
+
+    def __post_init__(self) -> None:
+        if len(self.action_low) != len(self.action_high):
+            raise ValueError("action_low and action_high must have the same length (or both be empty)")
+        if any(lo > hi for lo, hi in zip(self.action_low, self.action_high)):
+            raise ValueError(f"action_low {self.action_low} must be <= action_high {self.action_high}")
+        if any(r <= 0 for r in self.max_rate):
+            raise ValueError(f"max_rate {self.max_rate} must be positive (use () for no limit)")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if bool(self.workspace_low) != bool(self.workspace_high):
+            raise ValueError("give both workspace_low and workspace_high (or neither)")
+        if self.workspace_low:
+            if not len(self.workspace_low) == len(self.workspace_high) == len(self.tip_state_dims) == len(
+                    self.tip_action_dims):
+                raise ValueError("workspace_low/high, tip_state_dims and tip_action_dims must have equal lengths")
+            if not self.max_step_m > 0:
+                raise ValueError("the workspace box needs max_step_m > 0 (the checkpoint's action_repr has it)")
+            if any(lo >= hi for lo, hi in zip(self.workspace_low, self.workspace_high)):
+                raise ValueError(f"workspace_low {self.workspace_low} must be < workspace_high {self.workspace_high}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SafetyConfig":
+        """From JSON/YAML (lists become tuples); unknown keys are an error naming the valid ones."""
+        import dataclasses
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown safety field(s) {unknown}; valid: {sorted(names)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+@dataclass
+class SafetyResult:
+    action: np.ndarray
+    """(A,) float32, what is sent to the robot"""
+    sampled: bool
+    """the executed action is (within tolerance) what the policy produced"""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    hold: bool = False
+    """the action is the hold action (e-stop, watchdog, nothing to execute, rejected)"""
+
+
+class SafetyEnvelope:
+    """Stateful filter for one robot: remembers the last executed action (rate limit, hold) and the e-stop latch."""
+
+    def __init__(self, config: SafetyConfig, action_dim: int, estop_hook: Callable[[], bool] | None = None):
+        self.config, self.A = config, int(action_dim)
+        c = config
+        for name in ("action_low", "action_high", "max_rate"):
+            if getattr(c, name) and len(getattr(c, name)) != self.A:
+                raise ValueError(f"safety {name} has {len(getattr(c, name))} dims, the robot's action has {self.A}")
+        if any(not 0 <= i < self.A for i in c.hold_keep_dims + (c.tip_action_dims if c.workspace_low else ())):
+            raise ValueError(f"safety dims must be in [0, {self.A})")
+        self.low = np.asarray(c.action_low or [-1.0] * self.A, np.float32)
+        self.high = np.asarray(c.action_high or [1.0] * self.A, np.float32)
+        self.rate = np.asarray(c.max_rate, np.float32) if c.max_rate else None
+        self.estop_hook = estop_hook
+        self.counts = {k: 0 for k in EVENT_KINDS}
+        self._estop = threading.Event()
+        self.estop_reason = ""
+        self.reset()
+
+    def reset(self, last_action: np.ndarray | None = None) -> None:
+        """New episode: forget the previous action (holding then means all zeros unless one is given)."""
+        self.last = np.zeros(self.A, np.float32) if last_action is None else np.asarray(last_action, np.float32)
+
+    # --- e-stop ----------------------------------------------------------------------------------------------
+    def trigger_estop(self, reason: str = "e-stop") -> None:
+        """Latch the e-stop (thread-safe; call from a signal handler, a button poller, a UI)."""
+        if not self._estop.is_set():
+            self.estop_reason = reason
+            self._estop.set()
+            logger.warning("E-STOP: %s", reason)
+
+    @property
+    def estopped(self) -> bool:
+        if not self._estop.is_set() and self.estop_hook is not None and self.estop_hook():
+            self.trigger_estop("estop hook")
+        return self._estop.is_set()
+
+    def hold_action(self) -> np.ndarray:
+        hold = np.zeros(self.A, np.float32)
+        keep = list(self.config.hold_keep_dims)
+        hold[keep] = self.last[keep]
+        return hold
+
+    # --- the filter ------------------------------------------------------------------------------------------
+    def apply(self, action: np.ndarray | None, state: np.ndarray | None, *, fresh: bool = True,
+              t: int = 0) -> SafetyResult:
+        """action: the executor's (A,) action or None (nothing to execute); state: the observed state (S,);
+        fresh: a policy reply arrived within timeout_s."""
+        c, events = self.config, []
+
+        def event(kind: str, detail: str) -> None:
+            self.counts[kind] += 1
+            events.append({"t": t, "kind": kind, "detail": detail})
+            log = logger.warning if kind in ("estop", "watchdog", "nonfinite") else logger.info
+            log("safety %s at step %d: %s", kind, t, detail)
+
+        if self.estopped:
+            return self._hold(events, event, "estop", self.estop_reason)
+        if not fresh:
+            return self._hold(events, event, "watchdog", f"no policy reply for more than {c.timeout_s} s")
+        if action is None:
+            return self._hold(events, event, "hold", "no chunk to execute (waiting for the first reply, or the "
+                                                     "chunk ran out)")
+        sampled = np.asarray(action, np.float32).reshape(-1)
+        if sampled.shape != (self.A,):
+            return self._hold(events, event, "nonfinite", f"action shape {sampled.shape}, expected ({self.A},)")
+        if not np.all(np.isfinite(sampled)):
+            return self._hold(events, event, "nonfinite", f"action {sampled.tolist()} has NaN/inf")
+        out = sampled.copy()
+        clipped = np.clip(out, self.low, self.high)
+        if not np.array_equal(clipped, out):
+            event("bounds", f"{out.tolist()} -> {clipped.tolist()}")
+            out = clipped
+        if self.rate is not None:
+            limited = np.clip(out, self.last - self.rate, self.last + self.rate)
+            if not np.array_equal(limited, out):
+                event("rate", f"{out.tolist()} -> {limited.tolist()} (previous {self.last.tolist()})")
+                out = limited
+        if c.workspace_low and state is not None:
+            out = self._workspace(out, np.asarray(state, np.float64), event)
+        self.last = out.astype(np.float32)
+        ok = float(np.max(np.abs(out - sampled), initial=0.0)) <= c.sampled_tolerance
+        return SafetyResult(self.last.copy(), ok, events)
+
+    def _hold(self, events, event, kind: str, detail: str) -> SafetyResult:
+        event(kind, detail)
+        self.last = self.hold_action()
+        return SafetyResult(self.last.copy(), False, events, hold=True)
+
+    def _workspace(self, out: np.ndarray, state: np.ndarray, event) -> np.ndarray:
+        c = self.config
+        tip = state[list(c.tip_state_dims)]
+        dims = list(c.tip_action_dims)
+        target = tip + out[dims].astype(np.float64) * c.max_step_m
+        # A tip already outside the box (a bump, a bad calibration) may only move back toward it.
+        low = np.minimum(np.asarray(c.workspace_low), tip)
+        high = np.maximum(np.asarray(c.workspace_high), tip)
+        inside = np.clip(target, low, high)
+        if np.allclose(inside, target, atol=1e-9):
+            return out
+        new = out.copy()
+        new[dims] = np.clip((inside - tip) / c.max_step_m, self.low[dims], self.high[dims]).astype(np.float32)
+        event("workspace", f"target {np.round(target, 4).tolist()} outside the box -> action {new.tolist()}")
+        return new
