@@ -71,3 +71,12 @@ def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster):
         assert rt.learner_state()["excluded_segments"] >= 0
     finally:
         rt.shutdown()
+
+
+def test_roles_that_cannot_be_placed_fail_with_a_fix_instead_of_hanging(ray_cluster):
+    from acce.runtime.ray_runtime import RayRuntime
+    from acce.train import Trainer
+    cfg = load("configs/debug.yaml", ["run.name=toolarge", "runtime.worker_cpus=8"])
+    trainer = Trainer(cfg, progress=False)
+    with pytest.raises(ValueError, match="lower them or add machines"):
+        RayRuntime(cfg, trainer.build_learner(), None)

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import ray
 from ray.util.queue import Queue
 
@@ -223,10 +224,19 @@ class RayRuntime:
     def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None):
         from acce.train import TASK_BY_ID
         rt = cfg.runtime
+        needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
-            ray.init(address=rt.address or None, num_cpus=(rt.num_cpus or None) if not rt.address else None,
+            # Logical CPUs only schedule actors; real contention is bounded by runtime.torch_threads. An embedded
+            # cluster is sized so every role fits (an actor that cannot be placed would wait forever).
+            cpus = rt.num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed)))
+            ray.init(address=rt.address or None, num_cpus=None if rt.address else cpus,
                      include_dashboard=False, log_to_driver=True, configure_logging=False)
+        have = ray.cluster_resources().get("CPU", 0.0)
+        if have < needed:
+            raise ValueError(f"the Ray cluster has {have:g} CPUs but the roles request {needed:g} "
+                             f"({cfg.rollout.num_workers} workers x runtime.worker_cpus={rt.worker_cpus:g} + "
+                             f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g}); lower them or add machines")
         self.cfg, self.on_episode = cfg, on_episode
         self.sync = rt.mode == "sync"
         lc, t = cfg.learner, rt.timeout_s
