@@ -202,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(fn=cmd_bench)
     __import__("robot_bridge.cli", fromlist=["add_parsers"]).add_parsers(sub)  # acce serve / acce robot (lazy)
+    __import__("worldmodel.cli", fromlist=["add_parsers"]).add_parsers(sub)  # acce wm-pretrain / wm-eval (lazy)
     return parser
 
 

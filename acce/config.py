@@ -10,6 +10,7 @@ from pathlib import Path
 
 from acce.configlib import ConfigError, load_config
 from acce.policy.config import PolicyConfig
+from acce.wm_config import WMConfig
 
 KNOWN_TASKS = ("reach", "push", "pick_place", "track")
 """tabletop tasks (sim.tasks.TASKS; a test keeps the two in sync; acce must not import sim)"""
@@ -311,6 +312,8 @@ class Config:
     """periodic evaluation on test seeds"""
     train: TrainConfig = field(default_factory=TrainConfig)
     """budgets and checkpoint cadence"""
+    wm: WMConfig = field(default_factory=WMConfig)
+    """world model: size, ensemble, imagination horizon and gate, training"""
 
     def __post_init__(self) -> None:
         if self.rollout.execution_horizon > self.policy.chunk_len:

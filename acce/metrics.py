@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "eval/", "progress/",
-            "delay/", "learner/", "bc/", "curriculum/")
+            "delay/", "wm/", "learner/", "bc/", "curriculum/")
 """metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/ internals)"""
 
 

@@ -1,0 +1,6 @@
+"""The learned world model (DESIGN.md §7): model, offline pretraining, online trainer, ImaginedEnv, evaluation.
+
+Nothing is imported here so that `import worldmodel` stays light; torch loads with `worldmodel.model`. Entry points:
+`worldmodel.model.WorldModel`, `worldmodel.imagined_env.ImaginedEnv`, `worldmodel.trainer.WorldModelTrainer`,
+`worldmodel.pretrain.pretrain`, `worldmodel.evaluate.wm_eval`, `worldmodel.cli.add_parsers` (acce wm-pretrain/wm-eval).
+"""

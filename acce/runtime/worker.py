@@ -131,7 +131,8 @@ class RolloutWorker:
             tl.add_decision(Decision(inp=inp, chunk=np.asarray(result["chunk"][k], np.float32),
                                      logp_pos=np.asarray(result["logp_pos"][k], np.float32),
                                      value=float(result["value"][k]), version=int(result["version"]), t=tl.t,
-                                     delay_steps=d, episode_id=tl.episode_id, timestamp_s=now))
+                                     delay_steps=d, episode_id=tl.episode_id, timestamp_s=now,
+                                     wm_version=int(getattr(self.env, "wm_version", -1))))
         self.stats["decisions"] += len(go)
 
     @staticmethod
