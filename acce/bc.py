@@ -52,7 +52,7 @@ class DemoDataset:
 
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
-             metrics=None) -> list[float]:
+             metrics=None, augment_px: int = 0) -> list[float]:
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
@@ -60,7 +60,7 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
     bar = tqdm(range(steps), desc="bc warm start", unit="step", disable=not progress, dynamic_ncols=True)
     for step in bar:
         inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
-        losses.append(learner.bc_step(inputs, target, mask))
+        losses.append(learner.bc_step(inputs, target, mask, augment_px))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
             if metrics is not None:

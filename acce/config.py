@@ -184,8 +184,6 @@ class LearnerConfig:
     value_warmup_updates: int = 0
     """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
     advantages from an untrained critic"""
-    augment_shift_px: int = 3
-    """random-shift image augmentation of learner batches in pixels (0: off); inference never augments"""
 
     @property
     def steps_per_update(self) -> int:
@@ -212,6 +210,9 @@ class BCConfig:
     """decisions per BC step"""
     lr: float = 1e-3
     """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
+    augment_shift_px: int = 3
+    """random-shift image augmentation of BC batches in pixels (0: off). Not used in RL: the importance ratio
+    must compare log-probs of the same input, and the behavior policy saw unaugmented images"""
     noise_std: float = 0.1
     """expert action noise while recording (state diversity)"""
 

@@ -150,8 +150,7 @@ class Learner:
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx)
-                batch = self.policy.with_lang(augment_batch(_select(data["inputs"], idx), cfg.augment_shift_px,
-                                                            self.rng))
+                batch = self.policy.with_lang(_select(data["inputs"], idx))
                 logp, entropy, values = self.policy.evaluate(batch, chunk[it], mask[it])
                 args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
                 if cfg.algorithm == "ppo":
@@ -187,10 +186,10 @@ class Learner:
         return metrics
 
     # --- behavior cloning warm start ----------------------------------------------------------------------------
-    def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray) -> float:
+    def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray, augment_px: int = 0) -> float:
         """One supervised step: chunk means regress the demonstrated actions (positions where mask)."""
         self.policy.train()
-        inputs = augment_batch(inputs, self.cfg.augment_shift_px, self.rng)
+        inputs = augment_batch(inputs, augment_px, self.rng)
         mean, _, _ = self.policy(self.policy.with_lang(inputs))
         m = torch.as_tensor(mask)[..., None].float()
         loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)

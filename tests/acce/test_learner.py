@@ -38,7 +38,7 @@ def segment(rewards, version=0, truncate_last=False):
     else:
         decide(tl, 9, 0)
     seg = build_segment(tl.closed, 6, G)
-    seg.obs["image/front"] = np.zeros((len(seg), 32, 32, 3), np.uint8)
+    seg.obs["image/front"] = np.random.default_rng(len(rewards)).integers(0, 255, (len(seg), 32, 32, 3), np.uint8)
     seg.bootstrap["image/front"] = np.zeros((len(seg.bootstrap["state"]), 32, 32, 3), np.uint8)
     return seg
 
@@ -90,3 +90,11 @@ def test_value_warmup_leaves_the_actor_alone():
     learner.update([segment([1, 0, 1, 0])])
     assert torch.equal(mean_head, learner.policy.mean_head.weight)
     assert not torch.equal(value_head, learner.policy.value_head.weight)
+
+
+def test_first_step_ratio_is_exactly_one():
+    """Before any optimizer step the new policy is the proximal policy: ratio 1, nothing clipped. (It was not when the
+    RL update augmented images that the proximal log-probs never saw.)"""
+    _, learner = make_learner()
+    metrics = learner.update([segment([1, 0, 1, 0]), segment([0, 1, 0, 1])])
+    assert metrics["is/ratio_max"] == pytest.approx(1.0, abs=1e-5) and metrics["is/clip_frac"] == 0.0
