@@ -97,7 +97,8 @@ class VLAPolicy(nn.Module):
         # the trunk ignored the single language token entirely (BC validation loss identical with the cube colour
         # swapped in the instruction), so "touch the red cube" and "touch the blue cube" gave the same action.
         self.lang_film = nn.Sequential(nn.LayerNorm(config.lang_dim), nn.Linear(config.lang_dim, 2 * width))
-        nn.init.zeros_(self.lang_film[1].weight)
+        # near-identity start (small, not zero: a zero matrix would stop every gradient to the LayerNorm)
+        nn.init.normal_(self.lang_film[1].weight, std=1e-3)
         nn.init.zeros_(self.lang_film[1].bias)
         self.state_proj = nn.Linear(state_dim, width)
         self.queries = nn.Parameter(torch.randn(2, width) * 0.02)  # (action, value)
