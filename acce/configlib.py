@@ -129,3 +129,13 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def dataclass_from_dict(cls: type[T], d: dict, what: str) -> T:
+    """A frozen config dataclass from JSON/YAML data: lists become tuples, unknown keys are one error naming the
+    valid ones (shared by the robot-side configs that arrive as plain dicts)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"unknown {what} field(s) {unknown}; valid: {sorted(names)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

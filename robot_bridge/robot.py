@@ -97,12 +97,9 @@ class RobotIO:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RobotIO":
-        import dataclasses
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown io field(s) {unknown}; valid: {sorted(names)}")
-        return cls(**d)
+        """From JSON/YAML (lists become tuples); unknown keys are an error naming the valid ones."""
+        from acce.configlib import dataclass_from_dict
+        return dataclass_from_dict(cls, d, "io")
 
     @property
     def state_dim(self) -> int:

@@ -79,12 +79,8 @@ class SafetyConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SafetyConfig":
         """From JSON/YAML (lists become tuples); unknown keys are an error naming the valid ones."""
-        import dataclasses
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown safety field(s) {unknown}; valid: {sorted(names)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        from acce.configlib import dataclass_from_dict
+        return dataclass_from_dict(cls, d, "safety")
 
 
 @dataclass
