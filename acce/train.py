@@ -129,6 +129,9 @@ class Trainer:
             return Learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = _bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
+            # the warm start on its own, so RL variants can start from the same version 0 (train.init_from)
+            save_checkpoint(self.run_dir / "checkpoints" / "bc.pt",
+                            {"config": to_dict(cfg), "learner": learner.state_dict(), "counters": self.counters})
             return learner
         return Learner(build_policy(cfg, _env_states(cfg)), cfg.learner, seed=cfg.run.seed)
 

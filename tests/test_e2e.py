@@ -30,6 +30,7 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert time.time() - t0 < 60, "the debug preset must train + evaluate in under a minute"
     assert first["learner_version"] >= 6 and first["env_steps"] > 0
     assert (run / "checkpoints" / "latest.pt").is_file() and (run / "config.yaml").is_file()
+    assert (run / "checkpoints" / "bc.pt").is_file() and (run / "learning_curve.png").is_file()
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
     assert set(first["eval"]) == {"reach/train", "reach/heldout"}
     # resume continues the version count (and the same TensorBoard folder)
@@ -44,6 +45,11 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     ev = json.loads(out.read_text())
     assert ev["per_task"]["reach/heldout"]["n"] == 3 and ev["checkpoint_version"] == second["learner_version"]
     assert "95% CI" in capsys.readouterr().out
+    # a new run can start from the warm start alone (version 0 again)
+    assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", "run.name=from_bc",
+                 f"train.init_from={run / 'checkpoints' / 'bc.pt'}", "bc.steps=0", "runtime.kind=local",
+                 "train.max_versions=2", "--quiet"]) == 0
+    assert json.loads((tmp_path / "from_bc" / "summary.json").read_text())["learner_version"] >= 2
 
 
 def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster):
