@@ -29,6 +29,11 @@ BatchObs = dict[str, Any]
 """N envs: {"image/front": (N, H, W, 3) uint8, "state": (N, S) float32, "instruction": list[str], "task_id": (N,)}"""
 
 
+def batch_row(batch: Mapping[str, Any], i: int) -> Obs:
+    """Row i of a batched observation (arrays and the instruction list alike)."""
+    return {k: v[i] for k, v in batch.items()}
+
+
 def image_keys(obs: Mapping[str, Any]) -> list[str]:
     """Camera keys of an observation, sorted so every component sees them in the same order."""
     return sorted(k for k in obs if k.startswith(IMAGE_PREFIX))

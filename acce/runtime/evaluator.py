@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from acce.runtime.timeline import EnvTimeline
+from acce.runtime.timeline import Decision, EnvTimeline, stack_inputs
+from acce.types import batch_row
 from acce.stats import wilson_interval
 
 _SPARE_SEEDS = 5_000_000
@@ -61,16 +62,10 @@ class Evaluator:
                     batch = env.observe(due)
                     inputs = []
                     for k, i in enumerate(due):
-                        row = {key: (v[k] if key != "instruction" else v[k]) for key, v in batch.items()}
                         d = 0 if self.latency is None else min(int(self.latency.sample_steps()), self.max_delay)
-                        inputs.append((timelines[i].make_input(row, d), d))
-                    req = {key: (np.stack([v[key] for v in [x.obs for x, _ in inputs]])
-                                 if key != "instruction" else [x.obs[key] for x, _ in inputs])
-                           for key in inputs[0][0].obs}
-                    req["prefix"] = np.stack([x.prefix for x, _ in inputs])
-                    req["delay_steps"] = np.array([x.delay_steps for x, _ in inputs], np.int64)
+                        inputs.append((timelines[i].make_input(batch_row(batch, k), d), d))
+                    req = stack_inputs([x for x, _ in inputs])
                     out = self.server.infer(req)
-                    from acce.runtime.timeline import Decision
                     for k, (i, (inp, d)) in enumerate(zip(due, inputs)):
                         tl = timelines[i]
                         tl.add_decision(Decision(inp=inp, chunk=out["chunk"][k], logp_pos=out["logp_pos"][k],

@@ -7,12 +7,11 @@ whole round, publishes, and the next round opens.
 """
 from __future__ import annotations
 
-import collections
 import time
 from typing import Any, Callable
 
 from acce.runtime.inference import InferenceServer
-from acce.runtime.queue import StalenessGate, SyncGate
+from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker
 
@@ -38,7 +37,7 @@ class LocalRuntime:
                                       delay_aware=lc.delay_correction,
                                       latency=make_latency(w) if make_latency else None, gate=self.gate)
                         for w, env in enumerate(envs)]
-        self.queue: collections.deque = collections.deque()
+        self.queue = RolloutQueue(cfg.runtime.queue_capacity)
         self.on_episode = on_episode
         self._turn = 0
         self.idle = {"learner_wait_s": 0.0, "actor_wait_s": 0.0}
@@ -72,16 +71,17 @@ class LocalRuntime:
             updates.append(self.learner.update(segments))
             self.publish()
         else:
-            cap, b = self.cfg.runtime.queue_capacity, self.cfg.learner.batch_segments
-            if len(self.queue) < cap:
-                w = self.workers[self._turn % len(self.workers)]
-                self._turn += 1
-                for seg in w.collect(min_segments=1, max_steps=64):
-                    self.queue.append(seg)
-                episodes += self._episodes(w)
+            b = self.cfg.learner.batch_segments
+            w = self.workers[self._turn % len(self.workers)]
+            self._turn += 1
+            for seg in w.collect(min_segments=1, max_steps=64):
+                # one process: a full queue cannot wait for the learner, so the learner runs first
+                while not self.queue.try_put(seg):
+                    updates.append(self.learner.update(self.queue.get_batch(b)))
+                    self.publish()
+            episodes += self._episodes(w)
             while len(self.queue) >= b:
-                batch = [self.queue.popleft() for _ in range(b)]
-                updates.append(self.learner.update(batch))
+                updates.append(self.learner.update(self.queue.get_batch(b)))
                 self.publish()
         return {"updates": updates, "episodes": episodes}
 

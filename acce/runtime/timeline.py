@@ -191,20 +191,21 @@ class EnvTimeline:
         return build_segment(decisions, self.H, self.gamma, **meta)
 
 
-def _stack_inputs(inputs: list[DecisionInput]) -> dict[str, Any]:
+def stack_inputs(inputs: list[DecisionInput]) -> dict[str, Any]:
+    """Decision inputs -> one policy batch (also a segment's obs and bootstrap rows)."""
     keys = [k for k in inputs[0].obs if k not in (INSTRUCTION_KEY, TASK_ID_KEY)]
     out: dict[str, Any] = {k: np.stack([np.asarray(i.obs[k]) for i in inputs]) for k in keys}
     out[INSTRUCTION_KEY] = [str(i.obs[INSTRUCTION_KEY]) for i in inputs]
     out[TASK_ID_KEY] = np.array([int(i.obs[TASK_ID_KEY]) for i in inputs], np.int64)
     out["prefix"] = np.stack([i.prefix for i in inputs]).astype(np.float32)
-    out["delay_steps"] = np.array([i.delay_steps for i in inputs], np.int32)
+    out["delay_steps"] = np.array([i.delay_steps for i in inputs], np.int64)
     return out
 
 
 def build_segment(decisions: list[Decision], chunk_len: int, gamma: float, *, source: str = "sim",
                   worker_id: int = 0, env_index: int = 0, created_s: float = 0.0) -> Segment:
     n = len(decisions)
-    stacked = _stack_inputs([d.inp for d in decisions])
+    stacked = stack_inputs([d.inp for d in decisions])
     next_index = np.full(n, -1, np.int64)
     boot_inputs: list[DecisionInput] = []
     for k, d in enumerate(decisions):
@@ -232,7 +233,7 @@ def build_segment(decisions: list[Decision], chunk_len: int, gamma: float, *, so
         discount=np.where(terminated, 0.0, gamma ** exec_len.astype(np.float64)).astype(np.float32),
         terminated=terminated, truncated=np.array([d.truncated for d in decisions]),
         success=np.array([d.success for d in decisions]), next_index=next_index,
-        bootstrap=_stack_inputs(boot_inputs), behavior_version=np.array([d.version for d in decisions], np.int64),
+        bootstrap=stack_inputs(boot_inputs), behavior_version=np.array([d.version for d in decisions], np.int64),
         source=source, wm_version=np.array([d.wm_version for d in decisions], np.int64),
         episode_id=np.array([d.episode_id for d in decisions], np.int64),
         env_step=np.array([d.t for d in decisions], np.int64),

@@ -11,8 +11,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline
-from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, LatencyModel, Segment
+from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline, stack_inputs
+from acce.types import TASK_ID_KEY, LatencyModel, Segment, batch_row
 
 
 class MeasuredLatency:
@@ -78,15 +78,11 @@ class RolloutWorker:
             d = self.max_delay
         return d
 
-    @staticmethod
-    def _rows(batch: dict[str, Any], k: int) -> dict[str, Any]:
-        return {key: (v[k] if key != INSTRUCTION_KEY else v[k]) for key, v in batch.items()}
-
     def _observe(self, idx: list[int]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         batch = self.env.observe(idx)
         self.stats["render_time_s"] += time.perf_counter() - t0
-        return [self._rows(batch, k) for k in range(len(idx))]
+        return [batch_row(batch, k) for k in range(len(idx))]
 
     def _pop(self, i: int, out: list[Segment]) -> None:
         seg = self.timelines[i].pop_segment(self.segment_len, source=self.source, worker_id=self.worker_id,
@@ -118,7 +114,7 @@ class RolloutWorker:
         if not go:
             return
         inputs = [self.waiting.pop(i) for i in go]
-        batch = self._batch([inp for inp, _ in inputs])
+        batch = stack_inputs([inp for inp, _ in inputs])
         t0 = time.perf_counter()
         result = self.policy.infer(batch)
         elapsed = time.perf_counter() - t0
@@ -134,16 +130,6 @@ class RolloutWorker:
                                      delay_steps=d, episode_id=tl.episode_id, timestamp_s=now,
                                      wm_version=int(getattr(self.env, "wm_version", -1))))
         self.stats["decisions"] += len(go)
-
-    @staticmethod
-    def _batch(inputs: list[DecisionInput]) -> dict[str, Any]:
-        keys = [k for k in inputs[0].obs if k not in (INSTRUCTION_KEY, TASK_ID_KEY)]
-        batch: dict[str, Any] = {k: np.stack([np.asarray(x.obs[k]) for x in inputs]) for k in keys}
-        batch[INSTRUCTION_KEY] = [x.obs[INSTRUCTION_KEY] for x in inputs]
-        batch[TASK_ID_KEY] = np.array([x.obs[TASK_ID_KEY] for x in inputs], np.int64)
-        batch["prefix"] = np.stack([x.prefix for x in inputs])
-        batch["delay_steps"] = np.array([x.delay_steps for x in inputs], np.int64)
-        return batch
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def collect(self, min_segments: int = 1, max_steps: int | None = None) -> list[Segment]:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Episode, Obs, VecStep
+from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Episode, Obs, VecStep, batch_row
 
 
 @dataclass
@@ -33,10 +33,6 @@ def _frame(obs: Obs) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in obs.items() if k not in (INSTRUCTION_KEY, TASK_ID_KEY)}
 
 
-def _row(batch: BatchObs, i: int) -> Obs:
-    return {k: (v[i] if k != INSTRUCTION_KEY else v[i]) for k, v in batch.items()}
-
-
 class EpisodeRecorder:
     """Record N env slots; `start` each slot, then feed every `VecStep` (rendered) to `add`."""
 
@@ -55,7 +51,7 @@ class EpisodeRecorder:
 
     def start_all(self, batch: BatchObs, tasks: list[str], seeds: np.ndarray) -> None:
         for i in range(self.num_envs):
-            self.start(i, _row(batch, i), task=tasks[i], task_id=int(batch[TASK_ID_KEY][i]), seed=int(seeds[i]))
+            self.start(i, batch_row(batch, i), task=tasks[i], task_id=int(batch[TASK_ID_KEY][i]), seed=int(seeds[i]))
 
     def add(self, actions: np.ndarray, step: VecStep, *, next_tasks: list[str], next_seeds: np.ndarray,
             behavior_version: np.ndarray | int = -1, delay_steps: np.ndarray | int = 0,
@@ -83,10 +79,10 @@ class EpisodeRecorder:
             if step.terminated[i] or step.truncated[i]:
                 b.frames.append(_frame(step.final_obs[i]))
                 finished.append(self._finish(b))
-                self.start(i, _row(step.obs, i), task=next_tasks[i], task_id=int(step.obs[TASK_ID_KEY][i]),
+                self.start(i, batch_row(step.obs, i), task=next_tasks[i], task_id=int(step.obs[TASK_ID_KEY][i]),
                            seed=int(next_seeds[i]))
             else:
-                b.frames.append(_frame(_row(step.obs, i)))
+                b.frames.append(_frame(batch_row(step.obs, i)))
         return finished
 
     @staticmethod
