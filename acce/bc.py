@@ -52,13 +52,20 @@ class DemoDataset:
 
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
-             metrics=None, augment_px: int = 0) -> list[float]:
+             metrics=None, augment_px: int = 0, lr_schedule: str = "constant") -> list[float]:
+    """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0."""
+    import math
+
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     losses = []
     bar = tqdm(range(steps), desc="bc warm start", unit="step", disable=not progress, dynamic_ncols=True)
+    base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
     for step in bar:
+        if lr_schedule == "cosine":
+            for group, base in zip(learner.optimizer.param_groups, base_lrs):
+                group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * step / steps))
         inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
         losses.append(learner.bc_step(inputs, target, mask, augment_px))
         if step % 20 == 0:

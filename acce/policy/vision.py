@@ -44,8 +44,29 @@ def _build_backbone(cfg: PolicyConfig, backbone_config: dict[str, Any] | None) -
         add_pooling_layer=False)
 
 
+class SpatialSoftmax(nn.Module):
+    """(N, C, h, w) feature map -> (N, K, 2) expected (x, y) in [-1, 1] of K learned heatmaps (a 1x1 conv), with a
+    learned temperature: the differentiable keypoints of Levine et al. 2016."""
+
+    def __init__(self, in_channels: int, keypoints: int) -> None:
+        super().__init__()
+        self.heat = nn.Conv2d(in_channels, keypoints, kernel_size=1)
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+
+    def forward(self, fmap: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = fmap.shape
+        heat = self.heat(fmap).flatten(2) * torch.exp(-self.log_temperature)  # (N, K, h*w)
+        prob = torch.softmax(heat, dim=-1)
+        ys = torch.linspace(-1.0, 1.0, h, device=fmap.device, dtype=fmap.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=fmap.device, dtype=fmap.dtype)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        coords = torch.stack([grid_x.reshape(-1), grid_y.reshape(-1)], dim=-1)  # (h*w, 2)
+        return prob @ coords  # (N, K, 2)
+
+
 class VisionEncoder(nn.Module):
-    """(N, H, W, 3) uint8 -> (N, G*G, C) float tokens, row-major over a G x G grid (G = config.image_grid)."""
+    """(N, H, W, 3) uint8 -> (N, G*G, C) float tokens, row-major over a G x G grid (G = config.image_grid), and,
+    when config.keypoints > 0, (N, K, 2) spatial-softmax keypoints (else None)."""
 
     def __init__(self, cfg: PolicyConfig, backbone_config: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -58,6 +79,9 @@ class VisionEncoder(nn.Module):
         # Constants of the encoder family, not learned: kept out of the state dict.
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        self.keypoint_stage = cfg.keypoint_stage
+        self.keypoints = (SpatialSoftmax(int(bcfg.hidden_sizes[cfg.keypoint_stage]), cfg.keypoints)
+                          if cfg.keypoints > 0 else None)
         if cfg.freeze_vision:
             self.backbone.requires_grad_(False)
         self.train()  # a fresh module is in training mode: freeze BatchNorm statistics from the start (see train)
@@ -77,11 +101,15 @@ class VisionEncoder(nn.Module):
                 module.eval()
         return self
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = images.permute(0, 3, 1, 2).float().div_(255.0)  # (N, 3, H, W) in [0, 1]
         x = (x - self.pixel_mean) / self.pixel_std
+        points = None
         if self.kind == "resnet":
-            fmap = self.backbone(pixel_values=x).last_hidden_state  # (N, C, h, w)
+            out = self.backbone(pixel_values=x, output_hidden_states=self.keypoints is not None)
+            fmap = out.last_hidden_state  # (N, C, h, w)
+            if self.keypoints is not None:  # hidden_states = (stem output, stage 0, stage 1, ...)
+                points = self.keypoints(out.hidden_states[self.keypoint_stage + 1])
         else:
             size = self.backbone.config.image_size
             interpolate = tuple(x.shape[-2:]) != (size, size)  # other resolutions: resample position embeddings
@@ -91,4 +119,4 @@ class VisionEncoder(nn.Module):
             fmap = hidden[:, 1:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # drop CLS -> (N, C, h, w)
         if fmap.shape[-2:] != (self.grid, self.grid):
             fmap = F.adaptive_avg_pool2d(fmap, self.grid)
-        return fmap.flatten(2).transpose(1, 2)  # (N, G*G, C)
+        return fmap.flatten(2).transpose(1, 2), points  # (N, G*G, C), (N, K, 2) or None

@@ -86,12 +86,15 @@ class VLAPolicy(nn.Module):
         self._language: LanguageEncoder | None = None
 
         width, grid, horizon, m = config.trunk_width, config.image_grid, config.chunk_len, config.max_delay_steps
-        self.num_image_tokens = len(self.cameras) * grid * grid
+        self.num_image_tokens = len(self.cameras) * config.image_tokens_per_camera
         self.num_tokens = config.num_tokens(len(self.cameras))
         self.vision = VisionEncoder(config, vision_config)
         self.image_proj = nn.Linear(self.vision.out_channels, width)
         self.grid_row = nn.Parameter(torch.randn(grid, 1, width) * 0.02)  # factorized 2-D position: row + column
         self.grid_col = nn.Parameter(torch.randn(1, grid, width) * 0.02)
+        if config.keypoints > 0:  # keypoint token = its (x, y) projected + which keypoint it is
+            self.keypoint_proj = nn.Linear(2, width)
+            self.keypoint_embed = nn.Parameter(torch.randn(config.keypoints, width) * 0.02)
         self.lang_proj = nn.Linear(config.lang_dim, width)
         # FiLM of every image token by the instruction (as RT-1 conditions its image encoder): measured without it,
         # the trunk ignored the single language token entirely (BC validation loss identical with the cube colour
@@ -107,7 +110,8 @@ class VLAPolicy(nn.Module):
             self.prefix_proj = nn.Linear(action_dim, width)
         self.trunk = self._build_trunk(config, self.num_tokens)
         self.mean_head = nn.Linear(width, horizon * action_dim)
-        self.value_head = nn.Linear(width, 1)
+        self.value_head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.value_hidden), nn.GELU(),
+                                        nn.Linear(config.value_hidden, 1))
         # Near-zero initial mean: the first policy explores around "do nothing" instead of a random bias.
         nn.init.normal_(self.mean_head.weight, std=0.01)
         nn.init.zeros_(self.mean_head.bias)
@@ -223,9 +227,12 @@ class VLAPolicy(nn.Module):
         x = self._inputs(batch)
         b, cams, grid = x[STATE_KEY].shape[0], len(self.image_keys), self.config.image_grid
         images = torch.cat([x[k] for k in self.image_keys]) if cams > 1 else x[self.image_keys[0]]  # (C*B, H, W, 3)
-        feats = self.image_proj(self.vision(images))  # (C*B, G*G, W)
-        feats = feats + (self.grid_row + self.grid_col).reshape(grid * grid, -1)
-        image_tokens = feats.reshape(cams, b, grid * grid, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
+        grid_feats, points = self.vision(images)
+        feats = self.image_proj(grid_feats) + (self.grid_row + self.grid_col).reshape(grid * grid, -1)  # (C*B, G*G, W)
+        if points is not None:  # (C*B, K, 2) -> K more tokens per camera
+            feats = torch.cat([feats, self.keypoint_proj(points) + self.keypoint_embed], 1)
+        per_cam = self.config.image_tokens_per_camera
+        image_tokens = feats.reshape(cams, b, per_cam, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
         state = (x[STATE_KEY] - self.state_mean) / self.state_std  # (B, S) normalized
         gamma, beta = self.lang_film(x[LANG_KEY]).chunk(2, dim=-1)  # (B, W) each
         image_tokens = image_tokens * (1.0 + gamma[:, None]) + beta[:, None]
@@ -241,7 +248,8 @@ class VLAPolicy(nn.Module):
         hidden = self.trunk(inputs_embeds=torch.cat(parts, 1), attention_mask=mask).last_hidden_state  # (B, T, W)
         query = self.num_image_tokens + 2
         mean = self.mean_head(hidden[:, query]).view(b, self.config.chunk_len, self.action_dim)  # (B, H, A)
-        value = self.value_head(hidden[:, query + 1]).squeeze(-1)  # (B,)
+        value_in = hidden[:, query + 1]
+        value = self.value_head(value_in.detach() if self.config.value_stop_gradient else value_in).squeeze(-1)
         log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)
         return mean, log_std, value
 

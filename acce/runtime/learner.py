@@ -89,6 +89,17 @@ class Learner:
         for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
 
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip to max_grad_norm; with a stop-gradient critic, actor and critic separately (their parameters are
+        disjoint, and one joint norm would let the critic's large early gradients shrink every actor step).
+        Returns the actor's (or the joint) pre-clip norm."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if not getattr(self.policy.config, "value_stop_gradient", False):
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        critic = {id(p) for p in self.policy.value_head.parameters()}
+        torch.nn.utils.clip_grad_norm_([p for p in params if id(p) in critic], self.cfg.max_grad_norm)
+        return torch.nn.utils.clip_grad_norm_([p for p in params if id(p) not in critic], self.cfg.max_grad_norm)
+
     # --- update -------------------------------------------------------------------------------------------------
     def admit(self, segments: Sequence[Segment]) -> tuple[list[Segment], dict[str, float]]:
         """Staleness at consumption; segments beyond max_staleness are excluded and counted, never silently."""
@@ -163,7 +174,7 @@ class Learner:
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                grad_norm = self._clip_gradients()
                 self.optimizer.step()
                 self.version += 1
                 steps += 1
@@ -195,6 +206,6 @@ class Learner:
         loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        self._clip_gradients()
         self.optimizer.step()
         return float(loss.detach())

@@ -92,9 +92,16 @@ class RolloutWorker:
             self.ticket[i] = False
             self.stats["segments"] += 1
 
+    def _ready(self) -> np.ndarray:
+        """Envs that may be observed/stepped now: all, unless the env steps its members independently (a slow
+        remote env exposes ready_mask(); one busy env then does not hold back the others)."""
+        mask = getattr(self.env, "ready_mask", None)
+        return np.ones(self.env.num_envs, bool) if mask is None else np.asarray(mask(), bool)
+
     def _decide(self, out: list[Segment]) -> None:
         """Observe envs with a decision due, close finished windows, then sample where the gate allows."""
-        due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting]
+        ready = self._ready()
+        due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting and ready[i]]
         if due:
             for i, row in zip(due, self._observe(due)):
                 d = self._sample_delay()
@@ -144,9 +151,15 @@ class RolloutWorker:
             self._decide(out)
             if len(out) >= min_segments:
                 break
-            if self.paused.all():
-                break
-            active = ~self.paused
+            ready = self._ready()
+            active = ~self.paused & ready
+            if not active.any():
+                if (~self.paused & ~ready).any():  # only busy envs left to step: wait for the first to free up
+                    t0 = time.perf_counter()
+                    self.env.wait_ready()
+                    self.stats["env_time_s"] += time.perf_counter() - t0
+                    continue
+                break  # every env waits on the gate
             actions = np.zeros((self.env.num_envs, self.env.action_dim), np.float32)
             for i in np.flatnonzero(active):
                 actions[i] = self.timelines[i].action()

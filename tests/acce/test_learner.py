@@ -45,8 +45,8 @@ def segment(rewards, version=0, truncate_last=False):
 
 def constant_value(learner, c):
     with torch.no_grad():
-        learner.policy.value_head.weight.zero_()
-        learner.policy.value_head.bias.fill_(c)
+        learner.policy.value_head[-1].weight.zero_()
+        learner.policy.value_head[-1].bias.fill_(c)
 
 
 def test_targets_use_bootstrap_rows_and_semi_markov_discounts():
@@ -86,10 +86,28 @@ def test_stale_segments_are_excluded_and_counted_versions_advance():
 def test_value_warmup_leaves_the_actor_alone():
     _, learner = make_learner(["learner.value_warmup_updates=1"])
     mean_head = learner.policy.mean_head.weight.clone()
-    value_head = learner.policy.value_head.weight.clone()
+    value_head = learner.policy.value_head[-1].weight.clone()
+    trunk = [p.clone() for p in learner.policy.trunk.parameters()]
     learner.update([segment([1, 0, 1, 0])])
     assert torch.equal(mean_head, learner.policy.mean_head.weight)
-    assert not torch.equal(value_head, learner.policy.value_head.weight)
+    assert not torch.equal(value_head, learner.policy.value_head[-1].weight)
+    # the critic reads the trunk through a stop-gradient: critic-only updates leave the shared features alone too
+    assert all(torch.equal(a, b) for a, b in zip(trunk, learner.policy.trunk.parameters()))
+
+
+def test_critic_gradient_is_clipped_apart_from_the_actor():
+    """With a stop-gradient critic, a huge value loss must not shrink the actor's step: clipping is per group."""
+    _, learner = make_learner(["learner.max_grad_norm=1.0"])
+    learner.policy.zero_grad()
+    for p in learner.policy.parameters():
+        p.grad = torch.full_like(p, 1e-4)
+    for p in learner.policy.value_head.parameters():
+        p.grad = torch.full_like(p, 100.0)
+    actor_before = learner.policy.mean_head.weight.grad.clone()
+    learner._clip_gradients()
+    assert torch.equal(learner.policy.mean_head.weight.grad, actor_before)  # actor norm < 1: untouched
+    critic_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in learner.policy.value_head.parameters()))
+    assert abs(float(critic_norm) - 1.0) < 1e-4
 
 
 def test_first_step_ratio_is_exactly_one():

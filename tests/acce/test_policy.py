@@ -332,3 +332,36 @@ def test_minilm_encoder_embeds_caches_and_separates_instructions():
     np.testing.assert_allclose(fresh, e, atol=1e-6)
     assert float(e[0] @ e[1]) < 0.95 and not np.allclose(e[0], e[1])
     np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-4)
+
+
+def test_spatial_softmax_finds_a_hand_placed_peak():
+    from acce.policy.vision import SpatialSoftmax
+    ss = SpatialSoftmax(in_channels=2, keypoints=2)
+    with torch.no_grad():
+        ss.heat.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+        ss.heat.bias.zero_()
+        ss.log_temperature.fill_(math.log(0.01))  # sharp: the softmax is one-hot at each channel's peak
+    fmap = torch.zeros(1, 2, 5, 5)
+    fmap[0, 0, 1, 3] = 1.0  # row 1, column 3 of a 5x5 grid over [-1, 1]: x = 0.5, y = -0.5
+    fmap[0, 1, 4, 0] = 1.0  # bottom-left corner: x = -1, y = 1
+    assert torch.allclose(ss(fmap), torch.tensor([[[0.5, -0.5], [-1.0, 1.0]]]), atol=1e-4)
+    ss.log_temperature.data.fill_(math.log(1e6))  # flat: every cell equally likely -> the centre
+    assert torch.allclose(ss(fmap), torch.zeros(1, 2, 2), atol=1e-4)
+
+
+def test_keypoint_tokens_are_added_per_camera_and_trained():
+    cfg = dataclasses.replace(CFG, keypoints=5, keypoint_stage=1)
+    policy = make_policy(cfg=cfg, cameras=("front", "wrist"))
+    assert policy.num_image_tokens == 2 * (16 + 5) and policy.num_tokens == 2 * 21 + 4 + 1 + M
+    batch = make_batch(policy, b=4, cameras=("front", "wrist"))
+    logp, _, value = policy.evaluate(batch, torch.randn(4, H, A), torch.ones(4, H, dtype=torch.bool))
+    (-logp.mean() + value.pow(2).mean()).backward()
+    for name in ("vision.keypoints.heat.weight", "vision.keypoints.log_temperature", "keypoint_proj.weight",
+                 "keypoint_embed"):
+        assert dict(policy.named_parameters())[name].grad.abs().sum() > 0, name
+    restored = VLAPolicy.from_state(policy.policy_state())
+    assert torch.equal(restored(batch)[0], policy(batch)[0])
+    with pytest.raises(ConfigError, match="keypoint_stage"):
+        PolicyConfig(keypoints=4, keypoint_stage=3)
+    with pytest.raises(ConfigError, match="vision=resnet"):
+        PolicyConfig(keypoints=4, vision="vit")

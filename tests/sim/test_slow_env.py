@@ -36,3 +36,73 @@ def test_measured_latency_uses_the_previous_request():
     assert m.sample_steps() == 3
     m.observe(0.3)
     assert m.sample_steps() == 3  # 0.3 s * 10 Hz is 3 steps, not 4 (float noise)
+
+
+def test_independent_envs_step_on_their_own_and_busy_envs_refuse_a_step():
+    env = SlowStepEnv(SimVectorEnv(["reach"], 3, image_size=32), median_ms=30.0, sigma=0.0, independent=True)
+    try:
+        env.reset()
+        t0 = time.perf_counter()
+        env.step(np.zeros((3, 4), np.float32), render=False, active=np.array([True, False, True]))
+        assert time.perf_counter() - t0 < 0.03  # returns at once; envs 0 and 2 are now busy for 30 ms
+        assert env.ready_mask().tolist() == [False, True, False]
+        env.step(np.zeros((3, 4), np.float32), render=False, active=np.array([False, True, False]))  # env 1 free
+        try:
+            env.step(np.zeros((3, 4), np.float32), render=False, active=np.array([True, False, False]))
+            raise AssertionError("stepping a busy env must fail")
+        except RuntimeError as e:
+            assert "still busy" in str(e)
+        env.wait_ready()
+        assert env.ready_mask()[[0, 2]].all() and time.perf_counter() - t0 >= 0.03
+    finally:
+        env.close()
+
+
+def test_worker_keeps_fast_envs_going_while_one_env_is_slow():
+    """A worker over independent slow envs steps each env as soon as it is ready: with env 0 fifty times slower
+    than the others, the fast envs do many more steps in the same (virtual) time; lockstep gives equal counts."""
+    from acce.runtime.worker import RolloutWorker
+
+    class Policy:
+        version = 0
+
+        def infer(self, batch):
+            n = len(batch["state"])
+            return {"chunk": np.zeros((n, 4, 4), np.float32), "logp_pos": np.zeros((n, 4), np.float32),
+                    "value": np.zeros(n, np.float32), "version": 0}
+
+    def run(independent):
+        now = [0.0]  # virtual clock: advances only when the env sleeps, so the test cannot depend on CPU speed
+
+        def sleep(s):
+            now[0] += s
+        env = SlowStepEnv(SimVectorEnv(["reach"], 3, image_size=32), median_ms=1.0, sigma=0.0,
+                          independent=independent, clock=lambda: now[0], sleep=sleep)
+        env.sample_ms = lambda n: np.full(n, 1.0)
+        counts = np.zeros(3, int)
+        inner_step, outer_step = env.env.step, env.step
+
+        def counting_step(actions, render=True, active=None):
+            counts[np.asarray(active, bool)] += 1
+            return inner_step(actions, render=render, active=active)
+
+        def step(actions, render=True, active=None):  # env 0 takes 50 ms per step, the others 1 ms
+            out = outer_step(actions, render=render, active=active)
+            if independent and active[0]:
+                env.busy_until[0] += 0.049
+            elif not independent and active[0]:
+                sleep(0.049)
+            return out
+        env.env.step, env.step = counting_step, step
+        worker = RolloutWorker(env, Policy(), segment_len=1000, chunk_len=4, exec_horizon=4)
+        try:
+            while now[0] < 0.2:
+                worker.collect(min_segments=1, max_steps=1)
+        finally:
+            worker.close()
+        return counts
+
+    independent = run(True)
+    assert 3 <= independent[0] <= 5 and (independent[1:] >= 100).all(), independent
+    lockstep = run(False)
+    assert (lockstep == lockstep[0]).all() and lockstep[0] <= 5, lockstep
