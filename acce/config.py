@@ -10,7 +10,7 @@ from pathlib import Path
 
 from acce.configlib import ConfigError, load_config
 from acce.policy.config import PolicyConfig
-from acce.wm_config import WMConfig
+from acce.wm_config import ImaginationConfig, WMConfig, check_imagination
 
 KNOWN_TASKS = ("reach", "push", "pick_place", "track")
 """tabletop tasks (sim.tasks.TASKS; a test keeps the two in sync; acce must not import sim)"""
@@ -315,6 +315,8 @@ class Config:
     """budgets and checkpoint cadence"""
     wm: WMConfig = field(default_factory=WMConfig)
     """world model: size, ensemble, imagination horizon and gate, training"""
+    imagination: ImaginationConfig = field(default_factory=ImaginationConfig)
+    """imagination workers, the online world-model trainer, and the imagined share of learner batches"""
 
     def __post_init__(self) -> None:
         if self.rollout.execution_horizon > self.policy.chunk_len:
@@ -323,6 +325,7 @@ class Config:
         if self.learner.batch_segments > self.runtime.queue_capacity:
             raise ConfigError(f"learner.batch_segments={self.learner.batch_segments} can never fill "
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")
+        check_imagination(self)
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

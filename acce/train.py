@@ -101,7 +101,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = Metrics(self.run_dir / "tb")
         self.sampler = TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
-        self.counters = {"env_steps": 0, "episodes": 0, "wall_s": 0.0, "bc": {}}
+        self.counters = {"env_steps": 0, "episodes": 0, "imagined_steps": 0, "imagined_episodes": 0, "wall_s": 0.0,
+                         "bc": {}}
         self.history: list[dict[str, Any]] = []
         self.staleness: list[tuple[float, float]] = []
         self.curve: list[dict[str, Any]] = []
@@ -141,15 +142,20 @@ class Trainer:
 
         def on_episode(ep):
             task = TASK_BY_ID.get(ep["task_id"])
-            if task is not None:
+            if task is not None and ep.get("source", "sim") != "imagined":  # the curriculum follows real episodes
                 self.sampler.update(task, ep["success"])
         make_env = wiring.rollout_env_factory(cfg, self.sampler if cfg.runtime.kind == "local" else None)
-        make_lat = wiring.latency_factory(cfg)
+        kw = {"make_latency": wiring.latency_factory(cfg), "on_episode": on_episode}
+        if cfg.imagination.enabled:
+            wm_resume = self.run_dir / "checkpoints" / "worldmodel.pt"
+            kw["make_imagined_env"] = wiring.imagined_env_factory(cfg)
+            kw["make_wm_trainer"] = wiring.wm_trainer_factory(
+                cfg, str(wm_resume) if self.resume_data is not None and wm_resume.is_file() else None)
         if cfg.runtime.kind == "local":
             from acce.runtime.local import LocalRuntime
-            return LocalRuntime(cfg, learner, make_env, make_latency=make_lat, on_episode=on_episode)
+            return LocalRuntime(cfg, learner, make_env, **kw)
         from acce.runtime.ray_runtime import RayRuntime
-        return RayRuntime(cfg, learner, make_env, make_latency=make_lat, on_episode=on_episode)
+        return RayRuntime(cfg, learner, make_env, **kw)
 
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
     def evaluate(self, policy_state: dict[str, Any], version: int, video: bool) -> dict[str, Any]:
@@ -176,6 +182,8 @@ class Trainer:
                    "curriculum": self.sampler.state_dict(), "counters": self.counters, "history": self.history,
                    "curve": self.curve}
         path = save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
+        if getattr(runtime, "imagination", None) is not None:  # resume continues the world model too
+            runtime.imagination.save_world_model(self.run_dir / "checkpoints" / "worldmodel.pt")
         return path
 
     # --- the loop -----------------------------------------------------------------------------------------------
@@ -187,8 +195,10 @@ class Trainer:
         start_version = learner.version
         t_start, wall0 = time.time(), self.counters["wall_s"]
         last_eval, last_ckpt, last_log = start_version, start_version, 0.0
-        steps0 = self.counters["env_steps"]
+        steps0, imagined0 = self.counters["env_steps"], self.counters["imagined_steps"]
         recent: list[dict] = []
+        recent_imagined: list[dict] = []
+        """the last 200 finished training episodes per source (imagined ones never count as sim or real)"""
         bar = tqdm(desc=f"train [{cfg.runtime.kind}/{cfg.runtime.mode}]", unit="upd", disable=not self.progress,
                    dynamic_ncols=True)
         results = None
@@ -200,6 +210,7 @@ class Trainer:
                 out = runtime.poll()
                 stats = runtime.stats()
                 self.counters["env_steps"] = steps0 + stats["env_steps"]
+                self.counters["imagined_steps"] = imagined0 + stats.get("imagined_steps", 0)
                 self.counters["wall_s"] = wall0 + time.time() - t_start
                 version = stats["learner_version"]
                 for upd in out["updates"]:
@@ -208,13 +219,14 @@ class Trainer:
                     self.metrics.scalars({k: v for k, v in upd.items()}, int(upd.get("learner/version", version)))
                     bar.update(1)
                 for ep in out["episodes"]:
-                    self.counters["episodes"] += 1
-                    recent.append(ep)
-                recent = recent[-200:]
+                    imagined = ep.get("source") == "imagined"
+                    self.counters["imagined_episodes" if imagined else "episodes"] += 1
+                    (recent_imagined if imagined else recent).append(ep)
+                recent, recent_imagined = recent[-200:], recent_imagined[-200:]
                 elapsed = self.counters["wall_s"] - wall0
                 if elapsed - last_log >= cfg.train.log_every_s or not self.progress:
                     last_log = elapsed
-                    self._log_progress(stats, recent, version, elapsed)
+                    self._log_progress(stats, recent, version, elapsed, recent_imagined)
                     bar.set_postfix(self._postfix(stats, recent, elapsed), refresh=False)
                 if cfg.eval.every_versions and version - last_eval >= cfg.eval.every_versions:
                     last_eval = version
@@ -227,9 +239,11 @@ class Trainer:
             tail = runtime.stop()
             for upd in tail["updates"]:
                 self.metrics.scalars(upd, int(upd.get("learner/version", 0)))
-            self.counters["episodes"] += len(tail["episodes"])
+            for ep in tail["episodes"]:
+                self.counters["imagined_episodes" if ep.get("source") == "imagined" else "episodes"] += 1
             final_stats = runtime.stats()
             self.counters["env_steps"] = steps0 + final_stats["env_steps"]
+            self.counters["imagined_steps"] = imagined0 + final_stats.get("imagined_steps", 0)
             results = self.evaluate(runtime.policy_state(), final_stats["learner_version"], video=True)
             self.checkpoint(runtime)
         finally:
@@ -259,7 +273,7 @@ class Trainer:
         return {"env_sps": f"{stats['env_steps'] / max(elapsed, 1e-6):.0f}", "ver": stats["learner_version"],
                 "succ": f"{succ:.2f}", "stale": f"{self.metrics.last.get('staleness/mean', 0):.1f}"}
 
-    def _log_progress(self, stats, recent, version, elapsed) -> None:
+    def _log_progress(self, stats, recent, version, elapsed, recent_imagined=()) -> None:
         m = {"progress/env_steps": self.counters["env_steps"], "progress/episodes": self.counters["episodes"],
              "progress/wall_s": self.counters["wall_s"],
              "throughput/env_sps": stats["env_steps"] / max(elapsed, 1e-6),
@@ -268,11 +282,19 @@ class Trainer:
              "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"]}
         point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
         for task in self.cfg.env.tasks:
-            eps = [e for e in recent if TASK_BY_ID.get(e["task_id"]) == task][-50:]
-            if eps:
-                m[f"episode/success/sim/{task}"] = point[f"train/{task}"] = float(np.mean([e["success"] for e in eps]))
-                m[f"episode/return/sim/{task}"] = float(np.mean([e["return"] for e in eps]))
-                m[f"episode/length/sim/{task}"] = float(np.mean([e["length"] for e in eps]))
+            for source, pool in (("sim", recent), ("imagined", recent_imagined)):
+                eps = [e for e in pool if TASK_BY_ID.get(e["task_id"]) == task][-50:]
+                if eps:
+                    m[f"episode/success/{source}/{task}"] = float(np.mean([e["success"] for e in eps]))
+                    m[f"episode/return/{source}/{task}"] = float(np.mean([e["return"] for e in eps]))
+                    m[f"episode/length/{source}/{task}"] = float(np.mean([e["length"] for e in eps]))
+                    if source == "sim":
+                        point[f"train/{task}"] = m[f"episode/success/sim/{task}"]
+        if "imagined_steps" in stats:  # imagination on: its throughput, queue and world-model metrics
+            m.update({"throughput/imagined_sps": stats["imagined_steps"] / max(elapsed, 1e-6),
+                      "progress/imagined_steps": self.counters["imagined_steps"],
+                      "progress/imagined_episodes": self.counters["imagined_episodes"],
+                      "queue/imagined_size": stats["imagined_queue_size"], **stats["wm"]})
         self.curve.append(point)
         for task, p in zip(self.sampler.tasks, self.sampler.probabilities()):
             m[f"curriculum/p/{task}"] = float(p)
@@ -287,6 +309,12 @@ class Trainer:
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0,
+                "imagination": {"imagined_steps": self.counters["imagined_steps"],
+                                "imagined_episodes": self.counters["imagined_episodes"],
+                                **{k: v for k, v in stats.get("wm", {}).items() if not k.startswith("wm/loss/")},
+                                **{k: self.metrics.last[k] for k in ("queue/consumed/imagined", "queue/consumed/sim",
+                                                                     "queue/imagined_shortfall")
+                                   if k in self.metrics.last}} if "imagined_steps" in stats else None,
                 "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
                 "history": self.history, "curve": self.curve}
 

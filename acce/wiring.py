@@ -65,7 +65,8 @@ class _RolloutEnvFactory:
                            task_sampler=sampler)
         if cfg.env.step_latency_ms > 0:
             from sim.slow_env import SlowStepEnv
-            env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id)
+            env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id,
+                              independent=cfg.env.step_independent)
         return env
 
 
@@ -97,3 +98,70 @@ class _EvalEnvFactory:
 
 def eval_env_factory(cfg):
     return _EvalEnvFactory(cfg)
+
+
+# --- world model (the imagination pipeline) ------------------------------------------------------------------------
+def check_world_model(model, cfg, *, state_dim: int | None = None, action_dim: int | None = None) -> None:
+    """A world model (e.g. `imagination.wm_init_from`) must read and write the policy's observations."""
+    from acce.configlib import ConfigError
+    where = cfg.imagination.wm_init_from or "the world model"
+    if model.cfg.image_size != cfg.env.image_size:
+        raise ConfigError(f"{where} reads {model.cfg.image_size}px images but env.image_size={cfg.env.image_size}; "
+                          "pretrain on data recorded at env.image_size or change env.image_size")
+    if tuple(model.cameras) != tuple(cfg.env.cameras):
+        raise ConfigError(f"{where} was trained on cameras {list(model.cameras)} but env.cameras="
+                          f"{list(cfg.env.cameras)}; they must match")
+    for name, want, have in (("state", state_dim, model.state_dim), ("action", action_dim, model.action_dim)):
+        if want is not None and want != have:
+            raise ConfigError(f"{where} has {name} size {have} but the env's is {want}; pretrain on this env's data")
+
+
+class _WMTrainerFactory:
+    """Picklable: first real episode -> WorldModelTrainer (fresh from cfg.wm, or continuing a checkpoint)."""
+
+    def __init__(self, cfg, init_from: str):
+        self.cfg, self.init_from = cfg, init_from
+
+    def __call__(self, first):
+        import torch
+
+        from worldmodel.trainer import WorldModelTrainer
+        cfg = self.cfg
+        device = "cuda" if cfg.imagination.trainer_gpus > 0 and torch.cuda.is_available() else "cpu"
+        state_dim, action_dim = int(first.obs["state"].shape[1]), int(first.action.shape[1])
+        if self.init_from:
+            trainer = WorldModelTrainer.from_checkpoint(self.init_from, device=device)
+            check_world_model(trainer.model, cfg, state_dim=state_dim, action_dim=action_dim)
+            return trainer
+        return WorldModelTrainer.create(cfg.wm, state_dim=state_dim, action_dim=action_dim, cameras=cfg.env.cameras,
+                                        control_hz=10.0, device=device)
+
+
+def wm_trainer_factory(cfg, init_from: str | None = None):
+    """The online trainer's factory; a pretrained start (`init_from`, default imagination.wm_init_from) is loaded
+    and checked here, in the driver, so a bad path or a mismatched model fails before any actor starts."""
+    path = cfg.imagination.wm_init_from if init_from is None else init_from
+    if path:
+        from worldmodel.model import WorldModel
+        check_world_model(WorldModel.load(path), cfg)
+    return _WMTrainerFactory(cfg, path)
+
+
+class _ImaginedEnvFactory:
+    """Picklable: (worker id, publication) -> ImaginedEnv over the published world model, gated by this run's
+    wm.horizon and wm.max_disagreement."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self, worker_id: int, publication: dict):
+        from worldmodel.imagined_env import ImaginedEnv
+        from worldmodel.model import WorldModel
+        cfg = self.cfg
+        model = WorldModel.from_state(publication["desc"], publication["version"], publication["state"])
+        return ImaginedEnv(model, cfg.imagination.num_envs, horizon=cfg.wm.horizon,
+                           max_disagreement=cfg.wm.max_disagreement, seed=cfg.run.seed * 1000 + worker_id)
+
+
+def imagined_env_factory(cfg):
+    return _ImaginedEnvFactory(cfg)

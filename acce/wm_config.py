@@ -102,3 +102,92 @@ class WMConfig:
 
 def size_log2(size: int) -> int:
     return int(size).bit_length() - 1
+
+
+@dataclass(frozen=True)
+class ImaginationConfig:
+    """The asynchronous imagination pipeline (Config field `imagination`; DESIGN.md §7). Off by default."""
+
+    num_workers: int = 0
+    """imagination workers: RolloutWorkers whose env is an ImaginedEnv, sharing the sim workers' inference server
+    (0: no imagination, the learner trains on simulator segments only)"""
+    num_envs: int = 8
+    """imagined branches stepped together by each imagination worker"""
+    imagined_fraction: float = 0.0
+    """share of each learner batch drawn from imagined segments: round(fraction x learner.batch_segments) per batch.
+    The learner never waits for imagination: a share the imagined queue cannot fill is taken from the simulator and
+    counted in queue/imagined_shortfall"""
+    queue_capacity: int = 16
+    """imagined segments waiting for the learner; imagination workers block when full (pacing, not dropping)"""
+    record_fraction: float = 1.0
+    """fraction of each sim worker's env slots whose episodes are recorded for the world model (rendered at every
+    control step, ~6x the cost of a physics-only step at 32-64 px, measured; the others render at decisions only)"""
+    episode_queue_capacity: int = 64
+    """recorded real episodes waiting for the world-model trainer; when full the newest are dropped and counted
+    (wm/dropped_real_episodes): a sim worker never waits for the world model"""
+    wm_init_from: str = ""
+    """start the world model from this `acce wm-pretrain` checkpoint (file or folder) instead of a fresh model;
+    its architecture replaces wm.* model fields, the run's wm.horizon and wm.max_disagreement still gate"""
+    wm_min_episodes: int = 4
+    """real episodes the online trainer holds before its first optimizer step"""
+    wm_train_ratio: float = 0.5
+    """world-model optimizer steps per real transition received (pacing against the simulator, like DreamerV3's
+    train ratio); 0 = train as fast as the trainer's CPU allows"""
+    wm_steps_per_publish: int = 20
+    """world-model optimizer steps between publishes (a new wm_version for the imagination workers)"""
+    start_episodes_per_publish: int = 8
+    """newest real episodes shipped with each publish as imagination start states (workers keep the most recent
+    wm.start_buffer_episodes of them)"""
+    worker_cpus: float = 0.5
+    """Ray CPU resource per imagination worker"""
+    trainer_cpus: float = 0.5
+    """Ray CPU resource of the world-model trainer"""
+    trainer_gpus: float = 0.0
+    """Ray GPU resource of the world-model trainer (it trains on cuda when > 0)"""
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_workers > 0
+
+    def imagined_per_batch(self, batch_segments: int) -> int:
+        return int(round(self.imagined_fraction * batch_segments))
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "queue_capacity", "episode_queue_capacity", "wm_min_episodes", "wm_steps_per_publish",
+                     "start_episodes_per_publish"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"imagination.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ConfigError(f"imagination.num_workers must be >= 0, got {self.num_workers}")
+        if not 0.0 <= self.imagined_fraction < 1.0:
+            raise ConfigError(f"imagination.imagined_fraction={self.imagined_fraction} must be in [0, 1): the learner "
+                              "needs simulator segments (the world model trains on them)")
+        if self.enabled != (self.imagined_fraction > 0):
+            raise ConfigError(f"imagination.num_workers={self.num_workers} and imagination.imagined_fraction="
+                              f"{self.imagined_fraction} contradict; set both (e.g. imagination.num_workers=1 "
+                              "imagination.imagined_fraction=0.5) or neither")
+        if not 0.0 < self.record_fraction <= 1.0:
+            raise ConfigError(f"imagination.record_fraction must be in (0, 1], got {self.record_fraction}")
+        if self.wm_train_ratio < 0 or min(self.worker_cpus, self.trainer_cpus, self.trainer_gpus) < 0:
+            raise ConfigError("imagination.wm_train_ratio and the imagination CPU/GPU resources must be >= 0")
+
+
+def check_imagination(cfg) -> None:
+    """Cross-section checks for `imagination` (called by acce.config.Config); one error naming the fix."""
+    im, b = cfg.imagination, cfg.learner.batch_segments
+    if not im.enabled:
+        return
+    k = im.imagined_per_batch(b)
+    if not 1 <= k <= b - 1:
+        raise ConfigError(f"imagination.imagined_fraction={im.imagined_fraction} x learner.batch_segments={b} rounds "
+                          f"to {k} imagined segments per batch; it must leave 1..{b - 1} (raise learner.batch_segments "
+                          "or move the fraction)")
+    if cfg.runtime.mode != "async":
+        raise ConfigError("imagination needs runtime.mode=async (the sync barrier baseline has no imagination); "
+                          "set imagination.num_workers=0 for sync runs")
+    if k > im.queue_capacity:
+        raise ConfigError(f"imagination.queue_capacity={im.queue_capacity} can never hold the {k} imagined segments of "
+                          "a batch; raise it")
+    if not im.wm_init_from and cfg.wm.image_size != cfg.env.image_size:
+        raise ConfigError(f"wm.image_size={cfg.wm.image_size} differs from env.image_size={cfg.env.image_size}; the "
+                          "world model must read the policy's images: set wm.image_size to env.image_size")

@@ -4,12 +4,15 @@ async: workers take turns producing segments into the bounded queue; the learner
 ready and publishes; the server swaps at its next batch. The StalenessGate paces producers exactly as on Ray.
 sync: the barrier baseline — every env produces one segment with the round's weights, the learner consumes the
 whole round, publishes, and the next round opens.
+imagination (async only): after each sim worker's turn, LocalImagination feeds the recorded episodes to the world
+model, trains and publishes it, and lets one imagination worker collect; batches come from the SourceMixer.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
+from acce.runtime.imagination import LocalImagination
 from acce.runtime.inference import InferenceServer
 from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
 from acce.runtime.weights import WeightStore
@@ -17,7 +20,8 @@ from acce.runtime.worker import RolloutWorker
 
 
 class LocalRuntime:
-    def __init__(self, cfg, learner, make_env: Callable[[int], Any], *, make_latency=None, on_episode=None):
+    def __init__(self, cfg, learner, make_env: Callable[[int], Any], *, make_latency=None, on_episode=None,
+                 make_imagined_env=None, make_wm_trainer=None):
         from acce.policy.vla import VLAPolicy
 
         self.cfg, self.learner = cfg, learner
@@ -27,6 +31,10 @@ class LocalRuntime:
                                       timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7)
         self.weights = WeightStore()
         self.sync = cfg.runtime.mode == "sync"
+        self.imagination = LocalImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency) \
+            if cfg.imagination.enabled else None
+        if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
+            make_env = self.imagination.wrap_env_factory(make_env)
         envs = [make_env(w) for w in range(r.num_workers)]
         total_envs = sum(e.num_envs for e in envs)
         self.gate = SyncGate(total_envs) if self.sync else StalenessGate(lc.batch_segments, lc.steps_per_update,
@@ -38,6 +46,8 @@ class LocalRuntime:
                                       latency=make_latency(w) if make_latency else None, gate=self.gate)
                         for w, env in enumerate(envs)]
         self.queue = RolloutQueue(cfg.runtime.queue_capacity)
+        if self.imagination is not None:
+            self.imagination.attach_sim_gate(self.gate)
         self.on_episode = on_episode
         self._turn = 0
         self.idle = {"learner_wait_s": 0.0, "actor_wait_s": 0.0}
@@ -71,19 +81,31 @@ class LocalRuntime:
             updates.append(self.learner.update(segments))
             self.publish()
         else:
-            b = self.cfg.learner.batch_segments
             w = self.workers[self._turn % len(self.workers)]
             self._turn += 1
             for seg in w.collect(min_segments=1, max_steps=64):
                 # one process: a full queue cannot wait for the learner, so the learner runs first
                 while not self.queue.try_put(seg):
-                    updates.append(self.learner.update(self.queue.get_batch(b)))
-                    self.publish()
+                    updates.append(self._update(self._batch()))
             episodes += self._episodes(w)
-            while len(self.queue) >= b:
-                updates.append(self.learner.update(self.queue.get_batch(b)))
-                self.publish()
+            if self.imagination is not None:
+                episodes += self.imagination.turn()
+            while (batch := self._batch(wait=False)) is not None:
+                updates.append(self._update(batch))
         return {"updates": updates, "episodes": episodes}
+
+    def _batch(self, wait: bool = True) -> list | None:
+        """The next learner batch: b sim segments, or a mixed one with imagination; None when not ready (wait=False)."""
+        b = self.cfg.learner.batch_segments
+        if self.imagination is not None:
+            return self.imagination.take_batch(self.queue)
+        return self.queue.get_batch(b) if wait or len(self.queue) >= b else None
+
+    def _update(self, batch: list) -> dict[str, Any]:
+        mix = self.imagination.mixer.metrics(batch, self.learner.version) if self.imagination is not None else {}
+        update = {**self.learner.update(batch), **mix}
+        self.publish()
+        return update
 
     def stop(self) -> dict[str, Any]:
         """Nothing runs between polls in one process: nothing to stop or drain."""
@@ -100,10 +122,13 @@ class LocalRuntime:
         return {"env_steps": env_steps, "learner_version": self.learner.version,
                 "server_version": self.server.version, "queue_size": len(self.queue),
                 "queue_capacity": self.cfg.runtime.queue_capacity, "swap_ms": self.server.stats["swap_ms_last"],
-                "worker_stats": [dict(w.stats) for w in self.workers]}
+                "worker_stats": [dict(w.stats) for w in self.workers],
+                **(self.imagination.stats() if self.imagination is not None else {})}
 
     def shutdown(self) -> None:
         for w in self.workers:
             w.close()
+        if self.imagination is not None:
+            self.imagination.close()
         self.server.stop()
         time.sleep(0)

@@ -92,6 +92,14 @@ class StalenessGate:
             self.admitted += 1
             return True
 
+    def shift(self, slots: int) -> None:
+        """The consumer took `slots` fewer segments from this stream in a batch than the FIFO model assumes (negative:
+        more). Mixed batches do this when the imagined queue runs short and simulator segments fill its share; moving
+        the count keeps later predictions aligned with the real consumption (without it the simulator stream would
+        be predicted ever more stale and its producers would wait forever)."""
+        with self._lock:
+            self.admitted += int(slots)
+
 
 class SyncGate:
     """The barrier baseline: each round admits exactly one segment per env, all sampled with the round's weights;

@@ -146,11 +146,13 @@ class WorkerActor:
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int):
+    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int, mixed=None):
         from acce.policy.vla import VLAPolicy
         from acce.runtime.learner import Learner
         _threads(threads)
         self.cfg, self.queue, self.servers, self.weight_store = cfg, queue, servers, weight_store
+        self.mixed = mixed
+        """imagination on: ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
         self.learner = Learner(VLAPolicy.from_state(learner_state["policy"]), cfg.learner, seed=cfg.run.seed)
         self.learner.load_state_dict(learner_state)
         # run() holds this while it updates and publishes; snapshots (checkpoints, evaluation) wait for it, so they
@@ -177,23 +179,28 @@ class LearnerActor:
         self.busy_s += time.perf_counter() - t0
         return out
 
+    def _get_sim(self, n: int) -> list | None:
+        batch = []
+        while len(batch) < n and not self.stopped:
+            try:
+                batch.append(self.queue.get(timeout=1.0))
+            except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
+                continue
+        return batch if len(batch) == n else None
+
     def run(self) -> int:
         b = self.cfg.learner.batch_segments
         self.started = self.started or time.time()
         while not self.stopped:
             t0 = time.perf_counter()
-            batch = []
-            while len(batch) < b and not self.stopped:
-                try:
-                    batch.append(self.queue.get(timeout=1.0))
-                except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
-                    continue
+            batch = self.mixed.take(self._get_sim) if self.mixed is not None else self._get_sim(b)
             self.wait_s += time.perf_counter() - t0
-            if len(batch) < b:
+            if batch is None:
                 break
             with self.lock:
                 t1 = time.perf_counter()
-                upd = self.learner.update(batch)
+                mix = self.mixed.metrics(batch, self.learner.version) if self.mixed is not None else {}
+                upd = {**self.learner.update(batch), **mix}
                 upd["queue/learner_wait_s"] = self.wait_s
                 self.updates.append(upd)
                 self.publish()
@@ -221,10 +228,12 @@ class LearnerActor:
 
 
 class RayRuntime:
-    def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None):
+    def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None, make_imagined_env=None,
+                 make_wm_trainer=None):
+        from acce.runtime.ray_imagination import RayImagination
         from acce.train import TASK_BY_ID
         rt = cfg.runtime
-        needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus
+        needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus + RayImagination.cpus(cfg)
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
             # Logical CPUs only schedule actors; real contention is bounded by runtime.torch_threads. An embedded
@@ -236,7 +245,8 @@ class RayRuntime:
         if have < needed:
             raise ValueError(f"the Ray cluster has {have:g} CPUs but the roles request {needed:g} "
                              f"({cfg.rollout.num_workers} workers x runtime.worker_cpus={rt.worker_cpus:g} + "
-                             f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g}); lower them or add machines")
+                             f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g} + imagination "
+                             f"{RayImagination.cpus(cfg):g}); lower them or add machines")
         self.cfg, self.on_episode = cfg, on_episode
         self.sync = rt.mode == "sync"
         lc, t = cfg.learner, rt.timeout_s
@@ -249,9 +259,14 @@ class RayRuntime:
         gate_cls = SyncGate if self.sync else StalenessGate
         gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
         self.gate = ray.remote(gate_cls).options(num_cpus=0).remote(*gate_args)
+        self.imagination = RayImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency) \
+            if cfg.imagination.enabled else None
+        if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
+            make_env = self.imagination.wrap_env_factory(make_env)
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus,
                                             max_concurrency=2).remote(
-            learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads)
+            learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads,
+            self.imagination.batches(self.gate) if self.imagination is not None else None)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, max_concurrency=2).remote(
             w, cfg, make_env, make_latency, self.server, self.gate, self.queue, TASK_BY_ID)
             for w in range(cfg.rollout.num_workers)]
@@ -267,6 +282,7 @@ class RayRuntime:
         # Actor start-up (imports, MuJoCo, the language model) is not a hang: wait for it with its own allowance
         # before every later call is held to runtime.timeout_s.
         ready = [h.pid.remote() for h in self.workers] + [self.server.version.remote(), self.learner.ready.remote()]
+        ready += self.imagination.ready_refs() if self.imagination is not None else []
         ray.get(ready, timeout=self.cfg.runtime.startup_timeout_s)
         ray.get(self.learner.publish.remote(), timeout=self.timeout_s)  # version 0 to every server first
         if self.sync:
@@ -275,6 +291,8 @@ class RayRuntime:
         for w, h in enumerate(self.workers):
             self._runs[w] = h.run.remote()
         self._learner_run = self.learner.run.remote()
+        if self.imagination is not None:
+            self.imagination.start()
 
     def _check_workers(self) -> None:
         """A worker whose process died is restarted by Ray (max_restarts); start its loop again."""
@@ -290,6 +308,8 @@ class RayRuntime:
         if done:
             ray.get(self._learner_run)  # the learner never returns while running: surface its error
             raise RuntimeError("the learner stopped unexpectedly")
+        if self.imagination is not None:
+            self.imagination.check()
 
     def poll(self) -> dict[str, Any]:
         updates: list[dict] = []
@@ -322,6 +342,7 @@ class RayRuntime:
                 if self.on_episode is not None:
                     self.on_episode(ep)
                 episodes.append(ep)
+        episodes += self.imagination.poll() if self.imagination is not None else []
         self.server_version, self._server_stats = ray.get([self.server.version.remote(), self.server.stats.remote()],
                                                           timeout=self.timeout_s)
         return {"updates": updates, "episodes": episodes}
@@ -335,7 +356,8 @@ class RayRuntime:
                 "worker_stats": list(self._worker_stats.values()), "restarts": self.restarts,
                 "actor_idle_frac": 1.0 - sum(s.get("busy_s", 0.0) for s in self._worker_stats.values()) / max(
                     sum(s.get("alive_s", 0.0) for s in self._worker_stats.values()), 1e-9),
-                "learner_idle_frac": 1.0 - lt.get("busy_s", 0.0) / max(lt.get("alive_s", 0.0), 1e-9)}
+                "learner_idle_frac": 1.0 - lt.get("busy_s", 0.0) / max(lt.get("alive_s", 0.0), 1e-9),
+                **(self.imagination.stats() if self.imagination is not None else {})}
 
     def learner_state(self) -> dict[str, Any]:
         return ray.get(self.learner.state_dict.remote(), timeout=self.timeout_s)
@@ -348,6 +370,8 @@ class RayRuntime:
         if not self.sync:
             ray.get([h.stop.remote() for h in self.workers] + [self.learner.stop.remote()], timeout=self.timeout_s)
             ray.get([self._learner_run] + list(self._runs.values()), timeout=self.timeout_s)
+            if self.imagination is not None:
+                self.imagination.stop()
         self._stopped = True
         return self.poll()
 
@@ -357,6 +381,8 @@ class RayRuntime:
                 h.stop.remote()
             self.learner.stop.remote()
             time.sleep(0.1)
+            if self.imagination is not None:
+                self.imagination.shutdown()
             for h in [*self.workers, self.learner, self.server, self.gate, self.weight_store]:
                 ray.kill(h)
             self.queue.shutdown()

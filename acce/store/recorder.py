@@ -1,7 +1,8 @@
 """EpisodeRecorder: turns batched env steps into complete `Episode`s, one builder per env slot.
 
 Used by `acce collect` (expert data), by rollout workers (real episodes for the world model) and by the robot
-runtime. An episode is emitted only when it ends; nothing partial leaves the recorder.
+runtime. An episode is emitted only when it ends; nothing partial leaves the recorder. `RecordingEnv` wraps a
+vector env so that a rollout worker records without knowing it (sim episodes for the online world model).
 """
 from __future__ import annotations
 
@@ -100,3 +101,63 @@ class EpisodeRecorder:
                      task_id=b.task_id, source=b.source, seed=b.seed, episode_id=uuid.uuid4().hex)
         ep.validate()
         return ep
+
+
+def _one_row(batch: BatchObs, j: int) -> BatchObs:
+    """Row j of a batched observation as a batch of one (what EpisodeRecorder.add reads)."""
+    return {k: ([v[j]] if k == INSTRUCTION_KEY else np.asarray(v)[j:j + 1]) for k, v in batch.items()}
+
+
+class RecordingEnv:
+    """A VectorEnv that also records the complete episodes of some env slots and hands each finished one to `sink`.
+
+    How sim rollout workers feed real episodes to the world-model trainer without changing the worker: the world
+    model needs every frame, so recorded slots are rendered at every control step they move (the others still render
+    only at decision points). Steps of inactive slots (paused for fresher weights) are not transitions and are not
+    recorded. The wrapper sees executed actions, not decisions: recorded episodes carry behavior_version -1 and
+    policy_sampled False (the world model does not read them).
+    """
+
+    def __init__(self, env, sink: Callable[[list[Episode]], None], *, slots: list[int] | None = None,
+                 source: str = "sim", clock: Callable[[], float] = time.time):
+        self.env, self.sink, self.source = env, sink, source
+        self.slots = list(range(env.num_envs)) if slots is None else sorted(int(i) for i in slots)
+        self._rec = {i: EpisodeRecorder(1, source, clock) for i in self.slots}
+        self.episodes_recorded = 0
+
+    def __getattr__(self, name):  # the rest of the contract (and task_sampler, seeds, ...) is the wrapped env's
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def _task_and_seed(self, i: int, task_id: int) -> tuple[str, int]:
+        names, seeds = getattr(self.env, "task_names", None), getattr(self.env, "seeds", None)
+        return (names[i] if names is not None else str(task_id)), (int(seeds[i]) if seeds is not None else -1)
+
+    def reset(self, seeds=None) -> BatchObs:
+        obs = self.env.reset(seeds)
+        for i in self.slots:
+            task, seed = self._task_and_seed(i, int(obs[TASK_ID_KEY][i]))
+            self._rec[i].start(0, batch_row(obs, i), task=task, task_id=int(obs[TASK_ID_KEY][i]), seed=seed)
+        return obs
+
+    def step(self, actions: np.ndarray, render: bool = True, active: np.ndarray | None = None) -> VecStep:
+        step = self.env.step(actions, render=render, active=active)
+        moved = [i for i in self.slots if active is None or active[i]]
+        if not moved:
+            return step
+        obs = step.obs if step.obs is not None else self.env.observe(moved)
+        rows = {i: (i if step.obs is not None else j) for j, i in enumerate(moved)}
+        finished: list[Episode] = []
+        for i in moved:
+            one = VecStep(obs=_one_row(obs, rows[i]), reward=step.reward[i:i + 1],
+                          terminated=step.terminated[i:i + 1], truncated=step.truncated[i:i + 1],
+                          success=step.success[i:i + 1],
+                          final_obs={0: step.final_obs[i]} if i in step.final_obs else {})
+            task, seed = self._task_and_seed(i, int(obs[TASK_ID_KEY][rows[i]]))
+            finished += self._rec[i].add(np.asarray(actions)[i:i + 1], one, next_tasks=[task],
+                                         next_seeds=np.array([seed]))
+        if finished:
+            self.episodes_recorded += len(finished)
+            self.sink(finished)
+        return step
