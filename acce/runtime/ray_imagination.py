@@ -119,7 +119,9 @@ class ImaginationActor:
             for seg in segments:
                 self._put(seg)
             if not segments and self.worker.idle:
-                time.sleep(0.01)  # no world model yet, or every env waits for fresher policy weights
+                # no world model yet, or every env waits for fresher policy weights: each retry costs remote calls
+                # (gate, server version), so imagination backs off longer than a sim worker and leaves it the CPU
+                time.sleep(0.05)
         return self.worker.wm_version
 
     def _put(self, seg) -> None:
@@ -168,7 +170,7 @@ class WMTrainerActor:
                 # the reference travels inside a list so the store keeps the reference, not a copy of the model
                 ray.get(self.wm_store.publish.remote(pub["version"], [ray.put(pub)]), timeout=self.timeout_s)
             if not trained and not items:
-                time.sleep(0.02)
+                time.sleep(0.1)  # nothing to learn from yet: wait for episodes
         return self.role.version
 
     def stop(self) -> None:
