@@ -46,6 +46,9 @@ class EnvConfig:
     """extra wall-clock latency per env step, median in ms (0: none); models remote simulators / robots"""
     step_latency_sigma: float = 1.0
     """lognormal sigma of that latency (1.0: heavy tail, p99 ~ 10x the median)"""
+    step_independent: bool = True
+    """with step latency: each env of a worker steps on its own, as separate remote simulators/robots do (a busy
+    env does not hold back the others); false: lockstep, every step waits for the slowest env"""
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in KNOWN_TASKS and not t.startswith("metaworld/")]
@@ -210,11 +213,17 @@ class BCConfig:
     """decisions per BC step"""
     lr: float = 1e-3
     """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
+    lr_schedule: str = "cosine"
+    """'cosine' (decay from bc.lr to 0 over bc.steps) or 'constant'"""
     augment_shift_px: int = 3
     """random-shift image augmentation of BC batches in pixels (0: off). Not used in RL: the importance ratio
     must compare log-probs of the same input, and the behavior policy saw unaugmented images"""
     noise_std: float = 0.1
     """expert action noise while recording (state diversity)"""
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     learner.reset_optimizer(cfg.bc.lr)
     t0 = time.time()
     losses = bc_train(learner, data, cfg.bc.steps, cfg.bc.batch_size, seed=cfg.run.seed, progress=progress,
-                      metrics=metrics, augment_px=cfg.bc.augment_shift_px)
+                      metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule)
     learner.reset_optimizer()
     return learner, {"bc_steps": cfg.bc.steps, "bc_final_loss": float(np.mean(losses[-20:])) if losses else None,
                      "bc_demo_steps": len(data), "bc_time_s": time.time() - t0}

@@ -90,6 +90,7 @@ def build_xml(spec: SceneSpec, image_size: int) -> str:
           rgba="0.62 0.55 0.46 1" friction="0.5 0.005 0.0001"/>
     <camera name="front" pos="0 -0.5 0.5" xyaxes="1 0 0 0 0.72 0.69" fovy="45"/>
     <camera name="top" pos="0 0 0.9" xyaxes="1 0 0 0 1 0" fovy="45"/>
+    <camera name="overhead" pos="0 0 0.6" xyaxes="1 0 0 0 1 0" fovy="45"/>
     <body name="target" mocap="true" pos="0 0 0.2"/>
     <body name="gripper" pos="0 0 0.2">
       <freejoint name="gripper"/>

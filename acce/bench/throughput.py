@@ -11,8 +11,11 @@ from typing import Any
 CASES = {
     "default": [],
     "long_tail": ["env.step_latency_ms=10", "env.step_latency_sigma=1.0"],
+    "long_tail_lockstep": ["env.step_latency_ms=10", "env.step_latency_sigma=1.0", "env.step_independent=false"],
 }
-"""case -> extra overrides; long_tail: lognormal per-env step latency, median 10 ms, sigma 1 (p99 ~ 100 ms)"""
+"""case -> extra overrides; long_tail: lognormal per-env step latency, median 10 ms, sigma 1 (p99 ~ 100 ms), every
+env stepping on its own (remote simulators); long_tail_lockstep: the same latency with lockstep vector envs (a
+step waits for the slowest env) in both modes"""
 
 
 def run_throughput(config: str | None, overrides: list[str], duration_s: float, cases=None) -> dict[str, Any]:

@@ -44,6 +44,10 @@ class PolicyConfig:
     """ViT patch side in pixels (vision='vit' only); 64x64 images give a 4x4 patch grid"""
     image_grid: int = 4
     """each camera contributes image_grid x image_grid tokens: the encoder's feature map is average-pooled to it"""
+    vision_norm: str = "group"
+    """normalization inside the ResNet: 'group' (GroupNorm, per-sample statistics: right for encoders trained from
+    scratch) or 'frozen_batch' (BatchNorm with fixed statistics: right for pretrained weights, whose statistics
+    mean something). Never batch statistics: they would make a log-prob depend on the rest of its batch"""
     keypoints: int = 0
     """spatial-softmax keypoints per camera (0 = off): a 1x1 conv turns the feature map of ResNet stage
     `keypoint_stage` into this many heatmaps, each reduced to its expected (x, y) image position and fed to the
@@ -105,6 +109,8 @@ class PolicyConfig:
                               "be positive")
         if self.value_hidden <= 0:
             raise ConfigError(f"policy.value_hidden must be positive, got {self.value_hidden}")
+        if self.vision_norm not in ("group", "frozen_batch"):
+            raise ConfigError(f"policy.vision_norm must be 'group' or 'frozen_batch', got {self.vision_norm!r}")
         if self.keypoints < 0:
             raise ConfigError(f"policy.keypoints must be >= 0, got {self.keypoints}")
         if self.keypoints and self.vision != "resnet":

@@ -5,6 +5,7 @@ save_pretrained folder (bigger pretrained encoders on GPU machines). Nothing is 
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -44,6 +45,16 @@ def _build_backbone(cfg: PolicyConfig, backbone_config: dict[str, Any] | None) -
         add_pooling_layer=False)
 
 
+def _batchnorm_to_groupnorm(module: nn.Module) -> None:
+    """Replace every BatchNorm2d by a GroupNorm over the same channels (in place, recursively)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            c = child.num_features
+            setattr(module, name, nn.GroupNorm(math.gcd(8, c), c))
+        else:
+            _batchnorm_to_groupnorm(child)
+
+
 class SpatialSoftmax(nn.Module):
     """(N, C, h, w) feature map -> (N, K, 2) expected (x, y) in [-1, 1] of K learned heatmaps (a 1x1 conv), with a
     learned temperature: the differentiable keypoints of Levine et al. 2016."""
@@ -73,6 +84,10 @@ class VisionEncoder(nn.Module):
         self.kind = cfg.vision
         self.grid = cfg.image_grid
         self.backbone = _build_backbone(cfg, backbone_config)
+        if self.kind == "resnet" and cfg.vision_norm == "group":
+            # A from-scratch ResNet with frozen BatchNorm has no working normalization at all (its statistics are
+            # the init's 0/1); GroupNorm normalizes each sample on its own, so batches stay independent.
+            _batchnorm_to_groupnorm(self.backbone)
         bcfg = self.backbone.config
         self.out_channels = int(bcfg.hidden_sizes[-1] if self.kind == "resnet" else bcfg.hidden_size)
         mean, std = _PIXEL_STATS[self.kind]

@@ -196,7 +196,10 @@ def test_trainable_state_dict_round_trip():
     src, dst = make_policy(seed=1), make_policy(seed=2)
     sd = src.trainable_state_dict()
     assert "trunk.embeddings.word_embeddings.weight" not in sd and "log_std" in sd
-    assert any("running_mean" in k for k in sd)  # frozen BatchNorm statistics shape the output too
+    assert not any("running_mean" in k for k in sd)  # GroupNorm (the default) has no statistics
+    frozen = make_policy(cfg=dataclasses.replace(CFG, vision_norm="frozen_batch"))
+    assert any("running_mean" in k for k in frozen.trainable_state_dict())  # frozen BatchNorm statistics shape the
+    # output too, so they are published with the weights
     batch = with_prefix(make_batch(src), [0, 1, 2])
     assert not torch.equal(src(batch)[0], dst(batch)[0])
     dst.load_trainable(sd)
