@@ -14,26 +14,45 @@ from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Episode
 
 
 class DemoDataset:
-    def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int):
+    """Every step of every episode as one BC decision. `labels` (one (T, A) array per episode) replaces the
+    executed actions as targets (DAgger: the expert's labels of the states the policy visited)."""
+
+    def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int,
+                 labels: list[np.ndarray] | None = None):
         self.H, self.D, self.A = chunk_len, max_delay, action_dim
-        self.obs: dict[str, list[np.ndarray]] = {}
+        self.obs_arrays: dict[str, np.ndarray] = {}
         self.instructions: list[str] = []
         self.task_ids: list[int] = []
-        targets, masks = [], []
-        for ep in episodes:
-            t_len = ep.num_steps
-            padded = np.concatenate([ep.action, np.zeros((chunk_len, action_dim), np.float32)])
-            for t in range(t_len):
-                for k, v in ep.obs.items():
-                    self.obs.setdefault(k, []).append(v[t])
-                self.instructions.append(ep.instruction)
-                self.task_ids.append(ep.task_id)
-                targets.append(padded[t:t + chunk_len])
-                masks.append(np.arange(chunk_len) < t_len - t)
-        if not targets:
+        self.targets = np.zeros((0, chunk_len, action_dim), np.float32)
+        self.masks = np.zeros((0, chunk_len), bool)
+        self.extend(episodes, labels)
+        if not len(self):
             raise ValueError("no demonstration steps to clone; record some episodes first (bc.episodes > 0)")
-        self.obs_arrays = {k: np.stack(v) for k, v in self.obs.items()}
-        self.targets, self.masks = np.stack(targets).astype(np.float32), np.stack(masks)
+
+    def extend(self, episodes: list[Episode], labels: list[np.ndarray] | None = None) -> None:
+        if labels is not None and len(labels) != len(episodes):
+            raise ValueError(f"got {len(labels)} label arrays for {len(episodes)} episodes")
+        obs: dict[str, list[np.ndarray]] = {}
+        targets, masks = [], []
+        for k, ep in enumerate(episodes):
+            t_len = ep.num_steps
+            acts = ep.action if labels is None else labels[k]
+            if acts.shape != (t_len, self.A):
+                raise ValueError(f"episode {ep.episode_id}: targets {acts.shape}, expected {(t_len, self.A)}")
+            padded = np.concatenate([acts, np.zeros((self.H, self.A), np.float32)])
+            for key, v in ep.obs.items():
+                obs.setdefault(key, []).append(v[:t_len])
+            self.instructions += [ep.instruction] * t_len
+            self.task_ids += [ep.task_id] * t_len
+            targets += [padded[t:t + self.H] for t in range(t_len)]
+            masks += [np.arange(self.H) < t_len - t for t in range(t_len)]
+        if not targets:
+            return
+        for key, parts in obs.items():
+            new = np.concatenate(parts)
+            self.obs_arrays[key] = new if key not in self.obs_arrays else np.concatenate([self.obs_arrays[key], new])
+        self.targets = np.concatenate([self.targets, np.stack(targets).astype(np.float32)])
+        self.masks = np.concatenate([self.masks, np.stack(masks)])
 
     def __len__(self) -> int:
         return len(self.instructions)
@@ -52,7 +71,7 @@ class DemoDataset:
 
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
-             metrics=None, augment_px: int = 0, lr_schedule: str = "constant") -> list[float]:
+             metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0) -> list[float]:
     """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0."""
     import math
 
@@ -71,5 +90,5 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
             if metrics is not None:
-                metrics.scalars({"bc/loss": float(np.mean(losses[-20:]))}, step)
+                metrics.scalars({"bc/loss": float(np.mean(losses[-20:]))}, step_offset + step)
     return losses

@@ -152,6 +152,9 @@ class LearnerConfig:
     """GAE / V-trace lambda, applied once per decision"""
     lr: float = 3e-4
     """Adam learning rate"""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the value head when it reads the trunk through a stop-gradient
+    (policy.value_stop_gradient); 0 = learner.lr"""
     batch_segments: int = 16
     """segments per update"""
     epochs: int = 2
@@ -220,8 +223,15 @@ class BCConfig:
     must compare log-probs of the same input, and the behavior policy saw unaugmented images"""
     noise_std: float = 0.1
     """expert action noise while recording (state diversity)"""
+    dagger_rounds: int = 0
+    """DAgger rounds after cloning the demos: run the cloned policy, label every state it reached with the scripted
+    expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
+    dagger_episodes: int = 300
+    """policy episodes per DAgger round, split over env.tasks"""
 
     def __post_init__(self) -> None:
+        if self.dagger_rounds < 0 or self.dagger_episodes < 0:
+            raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
         if self.lr_schedule not in ("cosine", "constant"):
             raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
 

@@ -68,25 +68,42 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
                                                                  for c in cfg.env.cameras},
                                         state_dim=7, action_dim=4, control_hz=10.0)
     missing = cfg.bc.episodes - len(store)
+
+    def make_env(tasks, num_envs, **kw):
+        return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
     if missing > 0:
         ccfg = CollectConfig(tasks=cfg.env.tasks, episodes=missing, noise_std=cfg.bc.noise_std, noisy_fraction=0.5,
                              num_envs=cfg.env.num_envs, out=str(demo_path))
-
-        def make_env(tasks, num_envs, **kw):
-            return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                                task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
         summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
     policy = build_policy(cfg, data.states)
     learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
-    learner.reset_optimizer(cfg.bc.lr)
     t0 = time.time()
-    losses = bc_train(learner, data, cfg.bc.steps, cfg.bc.batch_size, seed=cfg.run.seed, progress=progress,
-                      metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule)
+    rounds = cfg.bc.dagger_rounds
+    # bc.steps split evenly over the phases: clone the demos, then after each DAgger round clone the aggregate
+    phase_steps = [cfg.bc.steps // (rounds + 1) + (1 if k < cfg.bc.steps % (rounds + 1) else 0)
+                   for k in range(rounds + 1)]
+    losses: list[float] = []
+    info: dict[str, Any] = {}
+    for r, steps in enumerate(phase_steps):
+        learner.reset_optimizer(cfg.bc.lr)
+        losses += bc_train(learner, data, steps, cfg.bc.batch_size, seed=cfg.run.seed + r, progress=progress,
+                           metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule,
+                           step_offset=len(losses))
+        if r < rounds:
+            from acce.dagger import dagger_rollouts
+            episodes, labels, success = dagger_rollouts(
+                policy, make_env, list(cfg.env.tasks), cfg.bc.dagger_episodes, chunk_len=cfg.policy.chunk_len,
+                exec_horizon=cfg.rollout.execution_horizon, num_envs=cfg.env.num_envs,
+                seed=cfg.run.seed * 1000 + r, progress=progress)
+            data.extend(episodes, labels)
+            metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
+            info[f"dagger_round{r + 1}_success"] = success
     learner.reset_optimizer()
     return learner, {"bc_steps": cfg.bc.steps, "bc_final_loss": float(np.mean(losses[-20:])) if losses else None,
-                     "bc_demo_steps": len(data), "bc_time_s": time.time() - t0}
+                     "bc_demo_steps": len(data), "bc_time_s": time.time() - t0, **info}
 
 
 class Trainer:

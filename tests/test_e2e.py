@@ -33,6 +33,8 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert (run / "checkpoints" / "bc.pt").is_file() and (run / "learning_curve.png").is_file()
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
     assert set(first["eval"]) == {"reach/train", "reach/heldout"}
+    # the warm start ran its DAgger round: policy episodes relabeled by the expert joined the 4 demos
+    assert set(first["bc"]["dagger_round1_success"]) == {"reach"} and first["bc"]["bc_steps"] == 6
     # resume continues the version count (and the same TensorBoard folder)
     assert main(["train", "--resume", str(run), "train.max_versions=12", "--quiet"]) == 0
     second = json.loads((run / "summary.json").read_text())

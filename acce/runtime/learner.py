@@ -54,8 +54,7 @@ class Learner:
     def __init__(self, policy, cfg, *, seed: int = 0):
         """cfg: acce.config.LearnerConfig."""
         self.policy, self.cfg = policy, cfg
-        self.optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
-                                          eps=1e-5)
+        self.reset_optimizer()
         self.version = 0
         self.rng = np.random.default_rng(seed)
         self.excluded_segments = 0
@@ -66,8 +65,18 @@ class Learner:
     def reset_optimizer(self, lr: float | None = None) -> None:
         """Fresh Adam moments at `lr` (default learner.lr): the BC warm start uses its own rate, and RL must not
         inherit supervised momentum."""
-        self.optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad],
-                                          lr=self.cfg.lr if lr is None else lr, eps=1e-5)
+        lr = self.cfg.lr if lr is None else lr
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        critic_lr = getattr(self.cfg, "critic_lr", 0.0)
+        if critic_lr > 0 and getattr(self.policy.config, "value_stop_gradient", False):
+            # the stop-gradient critic head learns at its own rate: its targets (returns of -20 .. +10) are far from
+            # its init, and at the actor's fine-tuning rate it did not move in 180 updates (value loss stayed ~15)
+            critic = {id(p) for p in self.policy.value_head.parameters()}
+            groups = [{"params": [p for p in params if id(p) not in critic], "lr": lr},
+                      {"params": [p for p in params if id(p) in critic], "lr": critic_lr}]
+            self.optimizer = torch.optim.Adam(groups, eps=1e-5)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5)
 
     # --- weights ------------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, np.ndarray]:

@@ -116,3 +116,16 @@ def test_first_step_ratio_is_exactly_one():
     _, learner = make_learner()
     metrics = learner.update([segment([1, 0, 1, 0]), segment([0, 1, 0, 1])])
     assert metrics["is/ratio_max"] == pytest.approx(1.0, abs=1e-5) and metrics["is/clip_frac"] == 0.0
+
+
+def test_stop_gradient_critic_gets_its_own_learning_rate():
+    _, learner = make_learner(["learner.lr=1e-5", "learner.critic_lr=1e-3"])
+    lrs = sorted(g["lr"] for g in learner.optimizer.param_groups)
+    assert lrs == [1e-5, 1e-3]
+    critic = {id(p) for p in learner.policy.value_head.parameters()}
+    group = next(g for g in learner.optimizer.param_groups if g["lr"] == 1e-3)
+    assert {id(p) for p in group["params"]} == critic
+    learner.reset_optimizer(5e-4)  # the BC warm start's rate applies to the actor only
+    assert sorted(g["lr"] for g in learner.optimizer.param_groups) == [5e-4, 1e-3]
+    _, shared = make_learner(["policy.value_stop_gradient=false", "learner.critic_lr=1e-3"])
+    assert len(shared.optimizer.param_groups) == 1  # one trunk, one rate

@@ -1,0 +1,72 @@
+"""Behavior-cloning data: chunk targets and masks on hand-made episodes, DAgger relabeling with the sim expert."""
+import numpy as np
+import pytest
+import torch
+
+from acce.bc import DemoDataset
+from acce.config import load
+from acce.types import Episode
+
+
+def episode(t_len, action_value=0.5, instruction="go", task_id=2):
+    return Episode(obs={"image/front": np.zeros((t_len + 1, 8, 8, 3), np.uint8),
+                        "state": np.arange(t_len + 1, dtype=np.float32)[:, None].repeat(2, 1)},
+                   action=np.full((t_len, 2), action_value, np.float32), reward=np.zeros(t_len, np.float32),
+                   terminated=np.zeros(t_len, bool), truncated=np.zeros(t_len, bool), success=np.zeros(t_len, bool),
+                   behavior_version=np.full(t_len, -1), delay_steps=np.zeros(t_len, np.int32),
+                   policy_sampled=np.zeros(t_len, bool), timestamp_s=np.zeros(t_len + 1), instruction=instruction,
+                   task="reach", task_id=task_id, source="demo", seed=0, episode_id=f"e{t_len}")
+
+
+def test_chunk_targets_are_the_next_h_actions_masked_past_the_end():
+    ep = episode(3)
+    ep.action[:, 0] = [1.0, 2.0, 3.0]
+    data = DemoDataset([ep], chunk_len=2, max_delay=1, action_dim=2)
+    assert len(data) == 3  # the final observation is not a decision
+    inputs, target, mask = data.batch(np.arange(3))
+    assert target[:, :, 0].tolist() == [[1, 2], [2, 3], [3, 0]]
+    assert mask.tolist() == [[True, True], [True, True], [True, False]]
+    assert inputs["state"][:, 0].tolist() == [0, 1, 2] and inputs["prefix"].shape == (3, 1, 2)
+
+
+def test_labels_replace_executed_actions_and_extend_appends():
+    data = DemoDataset([episode(2)], chunk_len=2, max_delay=0, action_dim=2)
+    labels = [np.array([[-1.0, -1.0], [-0.5, -0.5], [0.0, 0.0]], np.float32)]
+    data.extend([episode(3, instruction="other", task_id=1)], labels)
+    assert len(data) == 5 and data.instructions[2:] == ["other"] * 3 and data.task_ids[2:] == [1, 1, 1]
+    _, target, mask = data.batch(np.arange(5))
+    assert target[0, 0, 0] == 0.5  # first episode: its executed actions
+    assert target[2:, 0, 0].tolist() == [-1.0, -0.5, 0.0]  # second: the labels
+    assert data.states.shape == (5, 2)
+    with pytest.raises(ValueError, match="label arrays"):
+        data.extend([episode(2)], [])
+    with pytest.raises(ValueError, match="targets"):
+        data.extend([episode(2)], [np.zeros((3, 2), np.float32)])
+    with pytest.raises(ValueError, match="no demonstration steps"):
+        DemoDataset([], chunk_len=2, max_delay=0, action_dim=2)
+
+
+def test_dagger_rollouts_label_the_policys_states_with_the_expert():
+    from acce.dagger import dagger_rollouts
+    from acce.train import build_policy
+    from acce.wiring import make_sim_env
+
+    cfg = load(None, ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
+                      "policy.trunk_width=32", "policy.trunk_layers=1", "policy.trunk_heads=2", "env.image_size=32",
+                      "policy.chunk_len=4", "policy.max_delay_steps=0"])
+    policy = build_policy(cfg, np.zeros((4, 7), np.float32))
+    policy.train()
+
+    def make_env(tasks, n, **kw):
+        return make_sim_env(tasks, n, image_size=32, **kw)
+    episodes, labels, success = dagger_rollouts(policy, make_env, ["reach"], 3, chunk_len=4, exec_horizon=2,
+                                                num_envs=3, seed=0, progress=False)
+    assert len(episodes) == len(labels) == 3 and set(success) == {"reach"}
+    for ep, lab in zip(episodes, labels):
+        assert lab.shape == ep.action.shape
+        # an untrained policy (mean ~0) barely moves, while the expert always heads for the cube at full speed
+        assert np.abs(ep.action[:, :3]).max() < 0.2 and np.abs(lab[:, :3]).max(1).min() > 0.2
+    assert policy.training  # the policy's mode is restored
+    data = DemoDataset(episodes, 4, 0, 4, labels)
+    assert len(data) == sum(ep.num_steps for ep in episodes)
+    torch.testing.assert_close(torch.as_tensor(data.targets[0, 0]), torch.as_tensor(labels[0][0]))
