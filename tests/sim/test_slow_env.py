@@ -39,12 +39,16 @@ def test_measured_latency_uses_the_previous_request():
 
 
 def test_independent_envs_step_on_their_own_and_busy_envs_refuse_a_step():
-    env = SlowStepEnv(SimVectorEnv(["reach"], 3, image_size=32), median_ms=30.0, sigma=0.0, independent=True)
+    now = [0.0]  # virtual clock: only wait_ready() advances it, so machine load cannot change the outcome
+
+    def sleep(s):
+        now[0] += s
+    env = SlowStepEnv(SimVectorEnv(["reach"], 3, image_size=32), median_ms=30.0, sigma=0.0, independent=True,
+                      clock=lambda: now[0], sleep=sleep)
     try:
         env.reset()
-        t0 = time.perf_counter()
         env.step(np.zeros((3, 4), np.float32), render=False, active=np.array([True, False, True]))
-        assert time.perf_counter() - t0 < 0.03  # returns at once; envs 0 and 2 are now busy for 30 ms
+        assert now[0] == 0.0  # returns at once; envs 0 and 2 are now busy for 30 ms
         assert env.ready_mask().tolist() == [False, True, False]
         env.step(np.zeros((3, 4), np.float32), render=False, active=np.array([False, True, False]))  # env 1 free
         try:
@@ -53,7 +57,7 @@ def test_independent_envs_step_on_their_own_and_busy_envs_refuse_a_step():
         except RuntimeError as e:
             assert "still busy" in str(e)
         env.wait_ready()
-        assert env.ready_mask()[[0, 2]].all() and time.perf_counter() - t0 >= 0.03
+        assert env.ready_mask()[[0, 2]].all() and abs(now[0] - 0.03) < 1e-9 and abs(env.slept_s - 0.03) < 1e-9
     finally:
         env.close()
 
