@@ -152,8 +152,12 @@ class RolloutWorker:
             if len(out) >= min_segments:
                 break
             ready = self._ready()
-            active = ~self.paused & ready
+            # an env whose decision is due steps only after that decision (it may have become ready after _decide)
+            due = np.fromiter((tl.decision_due for tl in self.timelines), bool, len(self.timelines))
+            active = ~self.paused & ready & ~due
             if not active.any():
+                if (~self.paused & ready & due).any():  # freed up since _decide: decide for it first
+                    continue
                 if (~self.paused & ~ready).any():  # only busy envs left to step: wait for the first to free up
                     t0 = time.perf_counter()
                     self.env.wait_ready()

@@ -76,13 +76,18 @@ def test_worker_keeps_fast_envs_going_while_one_env_is_slow():
                     "value": np.zeros(n, np.float32), "version": 0}
 
     def run(independent):
-        now = [0.0]  # virtual clock: advances only when the env sleeps, so the test cannot depend on CPU speed
+        now = [0.0]  # virtual clock: advances when the env sleeps and by 0.3 ms per reading (work takes time, so
+        # envs free up between the worker's checks), never with the machine's speed
 
         def sleep(s):
             now[0] += s
+
+        def clock():
+            now[0] += 0.0003
+            return now[0]
         env = SlowStepEnv(SimVectorEnv(["reach"], 3, image_size=32), median_ms=1.0, sigma=0.0,
-                          independent=independent, clock=lambda: now[0], sleep=sleep)
-        env.sample_ms = lambda n: np.full(n, 1.0)
+                          independent=independent, clock=clock, sleep=sleep)
+        env.sample_ms = lambda n: np.full(n, 0.45)  # frees up between two clock readings: the race a worker must handle
         counts = np.zeros(3, int)
         inner_step, outer_step = env.env.step, env.step
 
@@ -104,6 +109,9 @@ def test_worker_keeps_fast_envs_going_while_one_env_is_slow():
                 worker.collect(min_segments=1, max_steps=1)
         finally:
             worker.close()
+        # every env executed only the first exec_horizon actions of each chunk: a decision per 4 steps per env (an
+        # env stepped before its due decision ran on past its chunk and never asked for another one)
+        assert worker.stats["decisions"] * 4 >= counts.sum(), (worker.stats, counts)
         return counts
 
     independent = run(True)
