@@ -58,6 +58,7 @@ class Learner:
         self.version = 0
         self.rng = np.random.default_rng(seed)
         self.excluded_segments = 0
+        self.ret_stats = [0, 0.0, 0.0]  # count, mean, sum of squared deviations of value targets (normalize_values)
         self.updates = 0
         self.consumed_segments = 0
         self.consumed_env_steps = 0
@@ -86,7 +87,7 @@ class Learner:
         return {"policy": self.policy.policy_state(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "excluded_segments": self.excluded_segments,
-                "updates": self.updates,
+                "updates": self.updates, "ret_stats": list(self.ret_stats),
                 "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -95,6 +96,7 @@ class Learner:
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
+        self.ret_stats = list(state.get("ret_stats", [0, 0.0, 0.0]))
         for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
 
@@ -132,6 +134,8 @@ class Learner:
         values = values.view(b, t)
         if not cfg.recompute_values:
             values = torch.as_tensor(data["behavior_value"])
+        mu, sigma = self.value_stats()  # the critic predicts standardized returns (identity when off)
+        values, boot_values = values * sigma + mu, boot_values * sigma + mu
         following = torch.cat([values[:, 1:], values[:, -1:]], 1)
         ni = torch.as_tensor(data["next_index"])
         next_values = torch.where(ni >= 0, boot_values[ni.clamp(min=0)], following)
@@ -146,8 +150,28 @@ class Learner:
             vs_following = torch.cat([vs[:, 1:], next_values[:, -1:]], 1)
             vs_next = torch.where(ni >= 0, next_values, vs_following)
             adv, returns = rewards + discounts * vs_next - values, vs  # no rho here: the loss applies its own IS
+        if cfg.normalize_values:
+            self._update_value_stats(returns.reshape(-1))
+        mu, sigma = self.value_stats()
         return {"adv": adv.reshape(-1), "returns": returns.reshape(-1), "logp_prox": logp_prox,
-                "behavior_logp": behavior_logp.reshape(-1), "old_values": values.reshape(-1)}
+                "behavior_logp": behavior_logp.reshape(-1), "old_values": values.reshape(-1),
+                "returns_std": (returns.reshape(-1) - mu) / sigma, "old_values_std": (values.reshape(-1) - mu) / sigma}
+
+    # --- value normalization ------------------------------------------------------------------------------------
+    def value_stats(self) -> tuple[float, float]:
+        """(mean, std) of every value target seen so far (Welford); (0, 1) when off or before two targets."""
+        if not self.cfg.normalize_values or self.ret_stats[0] < 2:
+            return 0.0, 1.0
+        n, mean, m2 = self.ret_stats
+        return float(mean), float(max(np.sqrt(m2 / n), 1e-3))
+
+    def _update_value_stats(self, returns: torch.Tensor) -> None:
+        x = returns.double().cpu().numpy()
+        n0, mean0, m20 = self.ret_stats
+        n1, mean1, m21 = len(x), float(x.mean()), float(((x - x.mean()) ** 2).sum())
+        n = n0 + n1
+        delta = mean1 - mean0
+        self.ret_stats = [n, mean0 + delta * n1 / n, m20 + m21 + delta * delta * n0 * n1 / n]
 
     def update(self, segments: Sequence[Segment]) -> dict[str, float]:
         t_start = time.perf_counter()
@@ -177,7 +201,7 @@ class Learner:
                     pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
                 else:
                     pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
-                vl = value_loss(values, tg["returns"][it], tg["old_values"][it], clip=cfg.value_clip)
+                vl = value_loss(values, tg["returns_std"][it], tg["old_values_std"][it], clip=cfg.value_clip)
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
@@ -197,6 +221,7 @@ class Learner:
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
+                        "learner/value_scale": self.value_stats()[1],
                         "learner/log_std_mean": self.policy.log_std.mean().item(),
                         "delay/steps_mean": float(data["delay_steps"].mean()),
                         "delay/steps_max": float(data["delay_steps"].max()),

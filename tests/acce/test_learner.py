@@ -129,3 +129,25 @@ def test_stop_gradient_critic_gets_its_own_learning_rate():
     assert sorted(g["lr"] for g in learner.optimizer.param_groups) == [5e-4, 1e-3]
     _, shared = make_learner(["policy.value_stop_gradient=false", "learner.critic_lr=1e-3"])
     assert len(shared.optimizer.param_groups) == 1  # one trunk, one rate
+
+
+def test_value_targets_are_standardized_by_running_statistics():
+    _, learner = make_learner()
+    a, b = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([10.0, -4.0])
+    learner._update_value_stats(a)
+    learner._update_value_stats(b)
+    both = np.array([1.0, 2.0, 3.0, 10.0, -4.0])
+    mu, sigma = learner.value_stats()
+    assert abs(mu - both.mean()) < 1e-9 and abs(sigma - both.std()) < 1e-9  # Welford == numpy, population std
+    # the critic's output is in standardized units: a head that outputs 1 means a value of mu + sigma
+    constant_value(learner, 1.0)
+    tg = learner._targets(collate([segment([1.0, 1.0, 0.0, 1.0])]))
+    assert torch.allclose(tg["old_values"], torch.full_like(tg["old_values"], mu + sigma), atol=1e-5)
+    mu2, sigma2 = learner.value_stats()  # this batch's targets joined the statistics
+    assert torch.allclose(tg["returns_std"], (tg["returns"] - mu2) / sigma2)
+    restored = make_learner()[1]
+    restored.load_state_dict(learner.state_dict())
+    assert restored.value_stats() == learner.value_stats()
+    _, off = make_learner(["learner.normalize_values=false"])
+    off._update_value_stats(a)
+    assert off.value_stats() == (0.0, 1.0)
