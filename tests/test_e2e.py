@@ -12,15 +12,6 @@ from acce.config import load
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     run = tmp_path / "run"
     t0 = time.time()

@@ -14,15 +14,6 @@ from acce.config import load
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def _tags(tb_dir) -> set[str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     tags = set()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from test_imagined_env import _calm, _versioned_state
-from wm_helpers import TINY, fake_episode, tiny_cfg, tiny_model
+from wm_helpers import CountingPolicy, TINY, fake_episode, tiny_cfg, tiny_model
 
 from acce.config import load
 from acce.runtime.imagination import ImaginationWorker, WMTrainerRole
@@ -23,21 +23,6 @@ PIPELINE = ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "pol
             "imagination.num_envs=2", "imagination.imagined_fraction=0.5", "imagination.wm_min_episodes=2",
             "imagination.wm_steps_per_publish=10", "imagination.queue_capacity=8", *TINY_WM]
 """configs/debug_wm.yaml in the local runtime, without the BC warm start"""
-
-
-class CountingPolicy:
-    """Zero chunks; counts rows (the InferenceServer's reply format)."""
-
-    version = 0
-
-    def __init__(self):
-        self.rows = 0
-
-    def infer(self, batch):
-        n = len(batch["instruction"])
-        self.rows += n
-        return {"chunk": np.zeros((n, CHUNK, 4), np.float32), "logp_pos": np.full((n, CHUNK), -1.0, np.float32),
-                "value": np.zeros(n, np.float32), "version": self.version}
 
 
 def _rollout(**kw):
@@ -140,7 +125,7 @@ def test_a_bad_pretrained_start_fails_in_the_driver_with_the_fix(tmp_path, overr
 
 # --- imagination workers ----------------------------------------------------------------------------------------
 def test_imagination_worker_idles_until_a_world_model_is_published():
-    policy = CountingPolicy()
+    policy = CountingPolicy(CHUNK)
     worker = ImaginationWorker(_env_factory(), policy, worker_id=1000, **_rollout())
     assert worker.collect(min_segments=1, max_steps=50) == [] and worker.idle and policy.rows == 0
     model = tiny_model()
@@ -155,7 +140,7 @@ def test_imagination_worker_idles_until_a_world_model_is_published():
 
 
 def test_publications_add_only_new_start_states():
-    worker = ImaginationWorker(_env_factory(), CountingPolicy(), worker_id=1000, **_rollout())
+    worker = ImaginationWorker(_env_factory(), CountingPolicy(CHUNK), worker_id=1000, **_rollout())
     model, eps = tiny_model(), [fake_episode(6, k) for k in range(3)]
     worker.offer(_publication(model, 1, eps[:2]))
     worker.collect(min_segments=1, max_steps=20)
@@ -170,7 +155,7 @@ def test_hot_swap_under_a_concurrent_publisher_never_mixes_versions():
     model = _calm(tiny_model())
     episodes = [fake_episode(6, k) for k in range(3)]
     states = {v: _versioned_state(model, v) for v in range(1, 41)}
-    worker = ImaginationWorker(_env_factory(num_envs=3, horizon=50), CountingPolicy(), worker_id=1000, **_rollout())
+    worker = ImaginationWorker(_env_factory(num_envs=3, horizon=50), CountingPolicy(CHUNK), worker_id=1000, **_rollout())
     worker.offer(_publication(model, 1, episodes, states[1]))
     worker.collect(min_segments=1, max_steps=5)
     steps, env = [], worker.env

@@ -1,7 +1,7 @@
 """A RolloutWorker over ImaginedEnv is an imagination worker: same code path as sim workers, source='imagined'."""
 import numpy as np
 import pytest
-from wm_helpers import fake_episode, tiny_model
+from wm_helpers import CountingPolicy, fake_episode, tiny_model
 
 from acce.runtime.worker import RolloutWorker
 from worldmodel.imagined_env import ImaginedEnv
@@ -9,25 +9,10 @@ from worldmodel.imagined_env import ImaginedEnv
 CHUNK = 4
 
 
-class CountingPolicy:
-    """Zero chunks with fixed log-probs; counts rows (the InferenceServer's reply format)."""
-
-    version = 7
-
-    def __init__(self):
-        self.rows = 0
-
-    def infer(self, batch):
-        n = len(batch["instruction"])
-        self.rows += n
-        return {"chunk": np.zeros((n, CHUNK, 4), np.float32), "logp_pos": np.full((n, CHUNK), -1.0, np.float32),
-                "value": np.zeros(n, np.float32), "version": self.version}
-
-
 def _worker(wm_version: int = 3) -> tuple[RolloutWorker, CountingPolicy]:
     env = ImaginedEnv(tiny_model(), 2, start_episodes=[fake_episode(6, k) for k in range(3)], horizon=5,
                       wm_version=wm_version)
-    policy = CountingPolicy()
+    policy = CountingPolicy(CHUNK, version=7)
     return RolloutWorker(env, policy, segment_len=3, chunk_len=CHUNK, exec_horizon=2, source="imagined"), policy
 
 

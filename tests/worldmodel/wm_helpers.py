@@ -54,3 +54,17 @@ def collect_reach_store(path, episodes: int = 16, seed: int = 0):
     collect(cfg, lambda tasks, n, **kw: make_sim_env(tasks, n, image_size=32, **kw), store, seed=seed,
             progress=False)
     return store
+
+
+class CountingPolicy:
+    """Zero chunks with fixed log-probs; counts rows (the InferenceServer's reply format)."""
+
+    def __init__(self, chunk_len: int = 4, version: int = 0):
+        self.chunk_len, self.version, self.rows = chunk_len, version, 0
+
+    def infer(self, batch):
+        n = len(batch["instruction"])
+        self.rows += n
+        return {"chunk": np.zeros((n, self.chunk_len, 4), np.float32),
+                "logp_pos": np.full((n, self.chunk_len), -1.0, np.float32),
+                "value": np.zeros(n, np.float32), "version": self.version}
