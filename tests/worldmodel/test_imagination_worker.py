@@ -1,6 +1,4 @@
 """A RolloutWorker over ImaginedEnv is an imagination worker: same code path as sim workers, source='imagined'."""
-import numpy as np
-import pytest
 from wm_helpers import CountingPolicy, fake_episode, tiny_model
 
 from acce.runtime.worker import RolloutWorker
