@@ -68,8 +68,8 @@ class Learner:
         inherit supervised momentum."""
         lr = self.cfg.lr if lr is None else lr
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        critic_lr = getattr(self.cfg, "critic_lr", 0.0)
-        if critic_lr > 0 and getattr(self.policy.config, "value_stop_gradient", False):
+        critic_lr = self.cfg.critic_lr
+        if critic_lr > 0 and self.policy.config.value_stop_gradient:
             # the stop-gradient critic head learns at its own rate: its targets (returns of -20 .. +10) are far from
             # its init, and at the actor's fine-tuning rate it did not move in 180 updates (value loss stayed ~15)
             critic = {id(p) for p in self.policy.value_head.parameters()}
@@ -105,7 +105,7 @@ class Learner:
         disjoint, and one joint norm would let the critic's large early gradients shrink every actor step).
         Returns the actor's (or the joint) pre-clip norm."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        if not getattr(self.policy.config, "value_stop_gradient", False):
+        if not self.policy.config.value_stop_gradient:
             return torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         critic = {id(p) for p in self.policy.value_head.parameters()}
         torch.nn.utils.clip_grad_norm_([p for p in params if id(p) in critic], self.cfg.max_grad_norm)
