@@ -189,11 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim | experts | throughput | delay")
-    p.add_argument("--seeds", type=int, default=3, help="[delay] training seeds per cell")
-    p.add_argument("--workdir", default=None, help="[delay] keep the runs here (default: a temporary folder)")
-    p.add_argument("--plot", default=None, help="[delay] write the success-vs-delay plot (PNG) here")
-    p.add_argument("--episodes", type=int, default=100, help="[experts] test-seed episodes per task and noise")
+    p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | serve")
+    p.add_argument("--seeds", type=int, default=3, help="[delay, wm] training seeds per cell")
+    p.add_argument("--workdir", default=None, help="[delay, wm] keep the runs here (default: a temporary folder); "
+                   "finished runs found there are reused")
+    p.add_argument("--plot", default=None, help="[delay, wm] write the plot (PNG) here")
+    p.add_argument("--episodes", type=int, default=None, help="test-seed episodes per task and split: [experts] "
+                   "per task and noise (default 100), [delay] per evaluation (40), [wm] per periodic evaluation (30)")
+    p.add_argument("--budget-steps", dest="budget_steps", type=int, default=None,
+                   help="[delay] RL env steps per cell (default 30000); [wm] the largest real env steps per run "
+                   "(default 40000)")
+    p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
+    p.add_argument("--warm-start", dest="warm_start", default=None,
+                   help="[wm] behavior-cloning checkpoint shared by every arm (default: trained once in --workdir)")
     p.add_argument("--out", default=None, help="JSON result file")
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
     p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")

@@ -301,6 +301,9 @@ class TrainConfig:
     """stop after this many simulator env steps (0: no limit)"""
     max_versions: int = 0
     """stop after this many learner versions (0: no limit)"""
+    stop_at_success: float = 0.0
+    """stop once a periodic evaluation (eval.every_versions) reaches this held-out success on every task
+    (0 = off); `acce bench wm` uses it to measure env steps to a success level"""
     init_from: str = ""
     """start from this checkpoint's policy weights and normalization (e.g. a shared warm start) at version 0;
     '' = build a new policy (and run the bc warm start if configured)"""
@@ -345,9 +348,17 @@ class Config:
         if self.rollout.execution_horizon > self.policy.chunk_len:
             raise ConfigError(f"rollout.execution_horizon={self.rollout.execution_horizon} exceeds policy.chunk_len="
                               f"{self.policy.chunk_len}; a chunk must cover the horizon")
+        if self.rollout.execution_horizon + self.policy.max_delay_steps > self.policy.chunk_len:
+            raise ConfigError(f"policy.chunk_len={self.policy.chunk_len} must cover rollout.execution_horizon + "
+                              f"policy.max_delay_steps = {self.rollout.execution_horizon + self.policy.max_delay_steps}"
+                              "; raise policy.chunk_len or lower the execution horizon / max delay")
         if self.learner.batch_segments > self.runtime.queue_capacity:
             raise ConfigError(f"learner.batch_segments={self.learner.batch_segments} can never fill "
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")
+        if self.train.stop_at_success > 0 and not self.eval.every_versions:
+            raise ConfigError("train.stop_at_success needs periodic evaluation: set eval.every_versions > 0")
+        if not 0.0 <= self.train.stop_at_success <= 1.0:
+            raise ConfigError(f"train.stop_at_success must be in [0, 1], got {self.train.stop_at_success}")
         check_imagination(self)
 
 

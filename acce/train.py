@@ -223,7 +223,7 @@ class Trainer:
             runtime.start()
             if cfg.eval.every_versions and not self.history:  # the starting point (e.g. the BC warm start)
                 self.evaluate(runtime.policy_state(), start_version, video=False)
-            while True:
+            while not self._reached_target():  # (the warm start may already be there)
                 out = runtime.poll()
                 stats = runtime.stats()
                 self.counters["env_steps"] = steps0 + stats["env_steps"]
@@ -278,6 +278,11 @@ class Trainer:
                   f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
                   f"({summary['env_steps_per_s']:.0f} env steps/s); tensorboard --logdir {self.run_dir / 'tb'}")
         return summary
+
+    def _reached_target(self) -> bool:
+        """train.stop_at_success: the latest evaluation has every task at or above the target (held-out)"""
+        target, last = self.cfg.train.stop_at_success, self.history[-1] if self.history else {}
+        return target > 0 and all(last.get(f"eval/success/{t}/heldout", 0.0) >= target for t in self.cfg.env.tasks)
 
     def _budget_done(self, elapsed: float, version: int) -> bool:
         t = self.cfg.train

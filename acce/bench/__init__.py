@@ -23,7 +23,7 @@ def _bench_sim(cfg, args) -> dict:
 def _bench_experts(cfg, args) -> dict:
     from sim.bench import expert_success
     from sim.tasks import TASKS
-    return expert_success(tuple(sorted(TASKS)), episodes=args.episodes)
+    return expert_success(tuple(sorted(TASKS)), episodes=args.episodes or 100)
 
 
 def _bench_throughput(cfg, args) -> dict:
@@ -34,8 +34,15 @@ def _bench_throughput(cfg, args) -> dict:
 def _bench_delay(cfg, args) -> dict:
     from acce.bench.delay import run_delay_bench
     return run_delay_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)),
-                           rl_wall_s=args.duration_s, eval_episodes=args.episodes, workdir=args.workdir,
-                           plot=args.plot)
+                           budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
+                           workdir=args.workdir, plot=args.plot)
+
+
+def _bench_wm(cfg, args) -> dict:
+    from acce.bench.wm import run_wm_bench
+    return run_wm_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)), target=args.target,
+                        budget_steps=args.budget_steps or 40_000, eval_episodes=args.episodes or 30,
+                        workdir=args.workdir, warm_start=args.warm_start or "", plot=args.plot)
 
 
 def _bench_serve(cfg, args) -> dict:
@@ -44,7 +51,7 @@ def _bench_serve(cfg, args) -> dict:
 
 
 BENCHES: dict[str, BenchFn] = {"serve": _bench_serve, "sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
-                               "delay": _bench_delay}
+                               "delay": _bench_delay, "wm": _bench_wm}
 """name -> benchmark function"""
 
 

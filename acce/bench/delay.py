@@ -1,12 +1,15 @@
 """`acce bench delay`: delay-aware vs naive learning under inference latency (DESIGN.md §5).
 
-For each task and seed one behavior-cloning warm start is trained once (shared by every cell, so cells differ only
-in latency and learner); then for each latency d (control steps) and learner (aware / naive) RL runs with the
-same wall-clock budget and is evaluated on test seeds with held-out paraphrases at that latency. Reports success
-mean over seeds, a 95 % Wilson interval over the pooled episodes, and success(d) / success(0) per learner.
+For each task one behavior-cloning warm start is trained once and shared by every cell, so cells differ only in
+latency, learner and RL seed; the warm start itself is also evaluated at every latency. Then for each seed, latency
+d (control steps) and learner (aware / naive) RL runs from it with the same budget in env steps (robust to a
+shared, noisy machine, unlike a wall-clock budget) and is evaluated on test seeds with held-out paraphrases at that
+latency. Reports success mean over seeds, a 95 % Wilson interval over the pooled episodes, success(d) / success(0)
+per learner, and the aware - naive gap. Finished cells are kept in the workdir, so an interrupted bench resumes.
 """
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,35 +20,55 @@ from acce.stats import wilson_interval
 
 
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
-                    seeds=(0, 1, 2), rl_wall_s: float = 120.0, eval_episodes: int = 30, workdir: str | None = None,
+                    seeds=(0, 1, 2), budget_steps: int = 30_000, eval_episodes: int = 40, workdir: str | None = None,
                     plot: str | None = None) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-delay-"))
     cells: dict[str, Any] = {}
+    warm_rows: dict[str, Any] = {}
     for task in tasks:
+        base = list(overrides) + [f"env.tasks=[{task}]", f"run.out_dir={root}"]
+        warm_ckpt = root / f"{task}_bc" / "checkpoints" / "bc.pt"
+        if not warm_ckpt.is_file():  # one warm start per task, shared by every seed, delay and learner
+            Trainer(load(config, base + [f"run.name={task}_bc", "train.max_versions=1", "train.final_eval=false",
+                                         "eval.every_versions=0"]), progress=False).run()
+        for d in delays:  # the warm start itself at each latency: what RL starts from
+            warm_rows[f"{task}/d{d}"] = _evaluate(load(config, base + [f"delay.fixed_steps={d}"]), warm_ckpt,
+                                                  eval_episodes)
         for seed in seeds:
-            base = list(overrides) + [f"env.tasks=[{task}]", f"run.seed={seed}", f"run.out_dir={root}"]
-            warm = load(config, base + [f"run.name={task}_s{seed}_bc", "train.max_versions=1",
-                                        "train.final_eval=false", "eval.every_versions=0"])
-            warm_ckpt = root / f"{task}_s{seed}_bc" / "checkpoints" / "latest.pt"
-            if not warm_ckpt.is_file():
-                Trainer(warm, progress=False).run()
             for d in delays:
                 for aware in ((True,) if d == 0 else (True, False)):
                     name = f"{task}_s{seed}_d{d}_{'aware' if aware else 'naive'}"
-                    cfg = load(config, base + [f"run.name={name}", f"train.init_from={warm_ckpt}",
-                                               f"delay.fixed_steps={d}", f"learner.delay_correction={aware}",
-                                               f"train.max_wall_s={rl_wall_s}", "eval.every_versions=0",
-                                               f"eval.episodes_per_task={eval_episodes}", "bc.steps=0",
-                                               "bc.episodes=0"])
-                    s = Trainer(cfg, progress=False).run()
+                    summary = root / name / "summary.json"
+                    if summary.is_file():  # a finished cell of an interrupted bench is not run again
+                        s = json.loads(summary.read_text())
+                    else:
+                        cfg = load(config, base + [
+                            f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_ckpt}",
+                            f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
+                            f"train.max_env_steps={budget_steps}", "eval.every_versions=0",
+                            f"eval.episodes_per_task={eval_episodes}", "bc.steps=0", "bc.episodes=0"])
+                        s = Trainer(cfg, progress=False).run()
                     r = s["eval"][f"{task}/heldout"]
+                    # at d = 0 the two learners are the same computation (tested), so one run serves both cells
                     for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
                         cells.setdefault(f"{task}/d{d}/{mode}", []).append(
-                            {"seed": seed, "successes": r["successes"], "n": r["n"], "env_steps": s["env_steps"]})
+                            {"seed": seed, "successes": r["successes"], "n": r["n"], "env_steps": s["env_steps"],
+                             "wall_s": s["wall_s"]})
                     print(f"[delay] {name}: held-out success {r['success_rate']:.2f}", flush=True)
+    table = summarize(cells)
+    result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
+              "eval_episodes": eval_episodes, "warm_start": warm_rows, "cells": table, "runs": cells}
+    if plot:
+        _plot(result, plot)
+    return result
+
+
+def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per cell: success mean and std over seeds, pooled Wilson 95 % interval, ratio to the same learner at d = 0,
+    and (for aware cells) the aware - naive gap in points."""
     table: dict[str, Any] = {}
     for key, runs in cells.items():
         k, n = sum(r["successes"] for r in runs), sum(r["n"] for r in runs)
@@ -54,13 +77,27 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                       "ci95_pooled": list(wilson_interval(k, n)), "n_episodes": n, "seeds": len(runs)}
     for key, row in table.items():
         task, d, mode = key.split("/")
-        zero = table[f"{task}/d0/{mode}"]["success_mean"]
+        zero = table.get(f"{task}/d0/{mode}", {}).get("success_mean", 0.0)
         row["ratio_to_d0"] = row["success_mean"] / zero if zero > 0 else None
-    result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "rl_wall_s": rl_wall_s,
-              "eval_episodes": eval_episodes, "cells": table}
-    if plot:
-        _plot(result, plot)
-    return result
+        if mode == "aware" and f"{task}/{d}/naive" in table:
+            row["aware_minus_naive_points"] = 100 * (row["success_mean"] - table[f"{task}/{d}/naive"]["success_mean"])
+    return table
+
+
+def _evaluate(cfg, checkpoint: Path, episodes: int) -> dict[str, Any]:
+    """Held-out success of a checkpoint's policy under cfg's latency (the evaluator acce eval uses)."""
+    from acce.checkpoint import load_checkpoint, policy_from_checkpoint
+    from acce.runtime.evaluator import Evaluator
+    from acce.runtime.inference import InferenceServer
+    from acce.train import make_latency
+    from acce.wiring import eval_env_factory
+    server = InferenceServer(policy_from_checkpoint(load_checkpoint(checkpoint)), deterministic=True)
+    ev = Evaluator(eval_env_factory(cfg), server, tasks=list(cfg.env.tasks), episodes=episodes,
+                   num_envs=cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
+                   exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
+                   latency=make_latency(cfg, cfg.run.seed + 999), delay_aware=cfg.learner.delay_correction)
+    r = ev.run(video=False)["per_task"][f"{cfg.env.tasks[0]}/heldout"]
+    return {"success_rate": r["success_rate"], "ci95": list(r["ci95"]), "n": r["n"]}
 
 
 def _plot(result: dict[str, Any], path: str) -> None:

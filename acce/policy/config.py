@@ -21,7 +21,7 @@ LANG_DIM = 384
 class PolicyConfig:
     chunk_len: int = 8
     """H: actions per chunk returned by one policy call"""
-    max_delay_steps: int = 8
+    max_delay_steps: int = 4
     """length of the committed-prefix input: the largest inference delay d (control steps) the policy accepts"""
     vision: str = "resnet"
     """vision encoder: 'resnet' (transformers ResNetModel) or 'vit' (transformers ViTModel)"""

@@ -38,6 +38,8 @@ def test_typos_get_a_hint(override, message):
     ("collect.seeds=both", "'train' or 'test'"),
     ("env=3", "is a section"),
     ("novalue", "section.key=value"),
+    ("policy.max_delay_steps=6", "must cover rollout.execution_horizon"),  # H=8 < s=4 + 6, caught before training
+    ("train.stop_at_success=1.5", "must be in \\[0, 1\\]"),
 ])
 def test_bad_values_fail_with_one_clear_line(override, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -80,3 +82,22 @@ def test_import_acce_is_light():
             "heavy = [m for m in ('ray', 'mujoco', 'lerobot', 'torch') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_stop_at_success_needs_periodic_evaluation():
+    with pytest.raises(ConfigError, match="eval.every_versions > 0"):
+        load(overrides=["train.stop_at_success=0.8", "eval.every_versions=0"])
+
+
+def test_stop_at_success_wants_every_task_at_target():
+    from acce.train import Trainer
+    t = Trainer.__new__(Trainer)  # only the stopping rule, no run directory
+    t.cfg = load(overrides=["env.tasks=[reach,push]", "train.stop_at_success=0.8"])
+    t.history = []
+    assert not t._reached_target()
+    t.history = [{"eval/success/reach/heldout": 0.9, "eval/success/push/heldout": 0.7}]
+    assert not t._reached_target()
+    t.history.append({"eval/success/reach/heldout": 0.8, "eval/success/push/heldout": 0.85})
+    assert t._reached_target()
+    t.cfg = load(overrides=["env.tasks=[reach,push]"])  # 0 = off
+    assert not t._reached_target()

@@ -1,0 +1,136 @@
+"""Orchestration of `acce bench delay` and `acce bench wm` with a counting fake Trainer (no training): which runs
+are made with which overrides, how results are pooled, and the hand-computed table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import acce.bench.delay as delay_bench
+import acce.bench.wm as wm_bench
+import acce.train
+
+
+class FakeTrainer:
+    """Records every config it is given; `outcome(cfg)` says what the run reports."""
+    made: list = []
+    outcome = staticmethod(lambda cfg: {})
+
+    def __init__(self, cfg, progress=True):
+        self.cfg = cfg
+        FakeTrainer.made.append(cfg)
+
+    def run(self):
+        return FakeTrainer.outcome(self.cfg)
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch):
+    FakeTrainer.made = []
+    monkeypatch.setattr(acce.train, "Trainer", FakeTrainer)
+    return FakeTrainer
+
+
+def _delay_outcome(cfg):
+    """held-out successes out of 10: 8 at d=0; aware loses 1 per 2 steps of delay, naive loses 2 per 2 steps"""
+    task, d = cfg.env.tasks[0], cfg.delay.fixed_steps
+    k = 8 - (d // 2) * (1 if cfg.learner.delay_correction else 2) + cfg.run.seed % 2
+    return {"env_steps": cfg.train.max_env_steps, "wall_s": 1.0,
+            "eval": {f"{task}/heldout": {"successes": k, "n": 10, "success_rate": k / 10}}}
+
+
+def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    evaluated = []
+    monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: evaluated.append(cfg.delay.fixed_steps) or
+                        {"success_rate": 0.5, "ci95": [0.2, 0.8], "n": n})
+    out = delay_bench.run_delay_bench(None, ["policy.chunk_len=10", "policy.max_delay_steps=6"], tasks=("reach",),
+                                      delays=(0, 2, 4), seeds=(0, 1), budget_steps=500, eval_episodes=10,
+                                      workdir=str(tmp_path))
+    rl = [c for c in fake_trainer.made if c.train.init_from]
+    assert len(fake_trainer.made) - len(rl) == 1  # one warm start for the task
+    assert len(rl) == 2 * (1 + 2 * 2)  # per seed: d=0 once (shared by both learners), aware + naive at d=2, 4
+    assert all(c.train.max_env_steps == 500 and c.train.max_wall_s == 0 and c.bc.steps == 0 for c in rl)
+    assert evaluated == [0, 2, 4]  # the warm start at every latency
+    cells = out["cells"]
+    # seed 0 -> k, seed 1 -> k + 1: aware d=4: 6/10 and 7/10 -> mean 0.65; naive d=4: 4, 5 -> 0.45; d=0: 0.85
+    assert cells["reach/d0/aware"]["success_mean"] == pytest.approx(0.85)
+    assert cells["reach/d0/naive"]["success_mean"] == pytest.approx(0.85)
+    assert cells["reach/d4/aware"]["success_mean"] == pytest.approx(0.65)
+    assert cells["reach/d4/naive"]["success_mean"] == pytest.approx(0.45)
+    assert cells["reach/d4/aware"]["ratio_to_d0"] == pytest.approx(0.65 / 0.85)
+    assert cells["reach/d4/aware"]["aware_minus_naive_points"] == pytest.approx(20.0)
+    assert cells["reach/d4/aware"]["n_episodes"] == 20
+
+
+def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: {"success_rate": 0.0, "ci95": [0, 1], "n": n})
+    (tmp_path / "reach_bc" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "reach_bc" / "checkpoints" / "bc.pt").write_bytes(b"x")
+    (tmp_path / "reach_s0_d0_aware").mkdir()
+    (tmp_path / "reach_s0_d0_aware" / "summary.json").write_text(json.dumps(
+        {"env_steps": 7, "wall_s": 1.0, "eval": {"reach/heldout": {"successes": 1, "n": 10, "success_rate": 0.1}}}))
+    out = delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), workdir=str(tmp_path))
+    assert fake_trainer.made == []  # warm start and the only cell were already there
+    assert out["cells"]["reach/d0/aware"]["success_mean"] == pytest.approx(0.1)
+
+
+def _history(*points):
+    return [{"env_steps": s, "wall_s": s / 100, "eval/success/reach/heldout": r, "eval/success/push/heldout": p}
+            for s, r, p in points]
+
+
+def test_steps_to_target_and_censoring():
+    hist = _history((0, 0.5, 0.0), (1000, 0.8, 0.1), (2000, 0.9, 0.3))
+    assert wm_bench.steps_to_target(hist, "reach", 0.8) == (1000, 10.0)
+    assert wm_bench.steps_to_target(hist, "push", 0.8) == (None, None)
+    runs = {"model_free": [{"steps_to_target": {"reach": 3000}, "wall_to_target_s": {"reach": 30.0},
+                            "final_success": {"reach": 0.8}},
+                           {"steps_to_target": {"reach": None}, "wall_to_target_s": {"reach": None},
+                            "final_success": {"reach": 0.5}}],
+            "online": [{"steps_to_target": {"reach": 1000}, "wall_to_target_s": {"reach": 12.0},
+                        "final_success": {"reach": 0.9}},
+                       {"steps_to_target": {"reach": 1500}, "wall_to_target_s": {"reach": 14.0},
+                        "final_success": {"reach": 0.85}}]}
+    table = wm_bench.summarize(runs, ["reach"], budget_steps=5000)
+    assert table["model_free/reach"]["steps_mean"] == 4000  # (3000 + budget 5000) / 2, censored
+    assert table["model_free/reach"]["reached"] == "1/2" and table["model_free/reach"]["censored"]
+    assert table["online/reach"]["ratio_model_free_over_this"] == pytest.approx(4000 / 1250)
+    assert table["online/reach"]["ratio_is_bound"]  # a censored arm makes the ratio a lower bound
+    assert table["online/reach"]["wall_to_target_s_mean"] == pytest.approx(13.0)
+
+
+def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv[0])
+        if argv[0] == "wm-pretrain":
+            out = tmp_path / "wm_pretrained"
+            out.mkdir()
+            (out / "worldmodel.pt").write_bytes(b"x")
+        return 0
+    monkeypatch.setattr("acce.cli.main", fake_main)
+
+    def outcome(cfg):
+        fast = 1000 if cfg.imagination.wm_init_from else 2000 if cfg.imagination.enabled else 4000
+        hist = _history((0, 0.5, 0.5), (fast, 0.85, 0.9))
+        return {"env_steps": fast, "wall_s": 1.0, "imagination": None, "history": hist,
+                "eval": {"reach/heldout": {"success_rate": 0.85}, "push/heldout": {"success_rate": 0.9}}}
+    fake_trainer.outcome = staticmethod(outcome)
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", [], seeds=(0, 1), warm_start="ws.pt",
+                                workdir=str(tmp_path))
+    assert calls == ["collect", "wm-pretrain"]
+    assert len(fake_trainer.made) == 3 * 2  # no warm start trained: one was given
+    by_arm = {}
+    for c in fake_trainer.made:
+        by_arm.setdefault(c.run.name.rsplit("_s", 1)[0], []).append(c)
+    assert not by_arm["model_free"][0].imagination.enabled
+    assert by_arm["online"][0].imagination.enabled and not by_arm["online"][0].imagination.wm_init_from
+    assert by_arm["pretrained"][0].imagination.wm_init_from.endswith("wm_pretrained")
+    assert all(c.train.init_from == "ws.pt" and c.train.stop_at_success == 0.8 for c in fake_trainer.made)
+    t = out["table"]
+    assert t["online/push"]["ratio_model_free_over_this"] == pytest.approx(2.0)
+    assert t["pretrained/reach"]["ratio_model_free_over_this"] == pytest.approx(4.0)
+    assert not t["pretrained/reach"]["ratio_is_bound"]
