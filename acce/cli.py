@@ -195,11 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "finished runs found there are reused")
     p.add_argument("--plot", default=None, help="[delay, wm] write the plot (PNG) here")
     p.add_argument("--episodes", type=int, default=None, help="test-seed episodes per task and split: [experts] "
-                   "per task and noise (default 100), [delay] per evaluation (40), [wm] per periodic evaluation (30)")
+                   "per task and noise (default 100), [delay] per evaluation (40), [wm] per periodic evaluation (the preset's eval.episodes_per_task)")
     p.add_argument("--budget-steps", dest="budget_steps", type=int, default=None,
                    help="[delay] RL env steps per cell (default 30000); [wm] the largest real env steps per run "
                    "(default 40000)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
+    p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
+                   help="[wm] expert + noisy trajectories recorded for the pretrained world model")
+    p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=1500,
+                   help="[wm] acce wm-pretrain optimizer steps for the pretrained world model")
     p.add_argument("--warm-start", dest="warm_start", default=None,
                    help="[wm] behavior-cloning checkpoint shared by every arm (default: trained once in --workdir)")
     p.add_argument("--out", default=None, help="JSON result file")

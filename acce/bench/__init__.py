@@ -41,8 +41,9 @@ def _bench_delay(cfg, args) -> dict:
 def _bench_wm(cfg, args) -> dict:
     from acce.bench.wm import run_wm_bench
     return run_wm_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)), target=args.target,
-                        budget_steps=args.budget_steps or 40_000, eval_episodes=args.episodes or 30,
-                        workdir=args.workdir, warm_start=args.warm_start or "", plot=args.plot)
+                        budget_steps=args.budget_steps or 40_000, eval_episodes=args.episodes,
+                        workdir=args.workdir, warm_start=args.warm_start or "", plot=args.plot,
+                        offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps)
 
 
 def _bench_serve(cfg, args) -> dict:

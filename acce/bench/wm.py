@@ -5,7 +5,7 @@ Three arms share one behavior-cloning warm start (version 0) and the same RL bud
   online      - plus imagination workers on a world model trained online from scratch on the run's real episodes;
   pretrained  - the same, starting from a world model pretrained offline (`acce wm-pretrain`) on an episode store
                 recorded by `acce collect` (expert + noisy trajectories).
-Every arm evaluates on test seeds with held-out paraphrases every `eval_every` learner versions and stops when every
+Every arm evaluates on test seeds with held-out paraphrases every eval.every_versions learner versions and stops when every
 task is at or above `target` (train.stop_at_success). Steps-to-target per task is the env-step count of the first
 evaluation at or above the target; a run that never gets there is censored at its budget (reported as None, and
 ratios use the budget as a lower bound, marked `censored`).
@@ -57,7 +57,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], tasks: list[str], budget_st
 
 
 def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), target: float = 0.8,
-                 budget_steps: int = 40_000, eval_every: int = 40, eval_episodes: int = 30,
+                 budget_steps: int = 40_000, eval_episodes: int | None = None,
                  offline_episodes: int = 1000, pretrain_steps: int = 1500, warm_start: str = "",
                  arms=ARMS, workdir: str | None = None, plot: str | None = None) -> dict[str, Any]:
     from acce.cli import main as acce_main
@@ -67,7 +67,11 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-wm-"))
     base = list(overrides) + [f"run.out_dir={root}"]
     cfg0 = load(config, base)
-    tasks = list(cfg0.env.tasks)
+    tasks, eval_every = list(cfg0.env.tasks), cfg0.eval.every_versions
+    eval_episodes = eval_episodes or cfg0.eval.episodes_per_task
+    if eval_every <= 0:
+        raise ValueError("acce bench wm measures steps to a success level with periodic evaluation: set "
+                         "eval.every_versions > 0 in the preset or as an override")
     if not warm_start:  # one behavior-cloning warm start shared by every arm and seed
         warm_start = str(root / "bc" / "checkpoints" / "bc.pt")
         if not Path(warm_start).is_file():
@@ -97,12 +101,12 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
             cfg = load(config, base + arm_overrides[arm] + [
                 f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_start}", "bc.steps=0",
                 "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}",
-                f"train.stop_at_success={target}", f"eval.every_versions={eval_every}",
-                f"eval.episodes_per_task={eval_episodes}"])
+                f"train.stop_at_success={target}", f"eval.episodes_per_task={eval_episodes}"])
             s = Trainer(cfg, progress=False).run()
             hist = s["history"]
             row = {"seed": seed, "env_steps": s["env_steps"], "wall_s": s["wall_s"],
-                   "imagined_steps": (s["imagination"] or {}).get("imagined_steps", 0), "steps_to_target": {}, "wall_to_target_s": {},
+                   "imagined_steps": (s["imagination"] or {}).get("imagined_steps", 0),
+                   "steps_to_target": {}, "wall_to_target_s": {},
                    "final_success": {t: s["eval"][f"{t}/heldout"]["success_rate"] for t in tasks},
                    "curve": [{k: v for k, v in h.items() if k in ("env_steps", "wall_s") or "/heldout" in k}
                              for h in hist]}
