@@ -12,6 +12,7 @@ ratios use the budget as a lower bound, marked `censored`).
 """
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
                 f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_start}", "bc.steps=0",
                 "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}",
                 f"train.stop_at_success={target}", f"eval.episodes_per_task={eval_episodes}"])
-            s = Trainer(cfg, progress=False).run()
+            done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
+            s = json.loads(done.read_text()) if done.is_file() else Trainer(cfg, progress=False).run()
             hist = s["history"]
             row = {"seed": seed, "env_steps": s["env_steps"], "wall_s": s["wall_s"],
                    "imagined_steps": (s["imagination"] or {}).get("imagined_steps", 0),

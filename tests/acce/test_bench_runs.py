@@ -101,6 +101,11 @@ def test_steps_to_target_and_censoring():
     assert table["online/reach"]["wall_to_target_s_mean"] == pytest.approx(13.0)
 
 
+def load_cfg():
+    from acce.config import load
+    return load("configs/bench_wm.yaml", ["imagination.num_workers=0", "imagination.imagined_fraction=0"])
+
+
 def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
     calls = []
 
@@ -119,10 +124,13 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
         return {"env_steps": fast, "wall_s": 1.0, "imagination": None, "history": hist,
                 "eval": {"reach/heldout": {"success_rate": 0.85}, "push/heldout": {"success_rate": 0.9}}}
     fake_trainer.outcome = staticmethod(outcome)
+    (tmp_path / "model_free_s1").mkdir()  # finished by an interrupted bench: reused, not run again
+    (tmp_path / "model_free_s1" / "summary.json").write_text(json.dumps(
+        {**outcome(load_cfg()), "history": _history((0, 0.5, 0.5), (4000, 0.85, 0.9))}))
     out = wm_bench.run_wm_bench("configs/bench_wm.yaml", [], seeds=(0, 1), warm_start="ws.pt",
                                 workdir=str(tmp_path))
     assert calls == ["collect", "wm-pretrain"]
-    assert len(fake_trainer.made) == 3 * 2  # no warm start trained: one was given
+    assert len(fake_trainer.made) == 3 * 2 - 1  # no warm start trained (one was given), one run reused
     by_arm = {}
     for c in fake_trainer.made:
         by_arm.setdefault(c.run.name.rsplit("_s", 1)[0], []).append(c)
