@@ -34,9 +34,12 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
         if not warm_ckpt.is_file():  # one warm start per task, shared by every seed, delay and learner
             Trainer(load(config, base + [f"run.name={task}_bc", "train.max_versions=1", "train.final_eval=false",
                                          "eval.every_versions=0"]), progress=False).run()
-        for d in delays:  # the warm start itself at each latency: what RL starts from
-            warm_rows[f"{task}/d{d}"] = _evaluate(load(config, base + [f"delay.fixed_steps={d}"]), warm_ckpt,
-                                                  eval_episodes)
+        for d in delays:  # the warm start itself at each latency, with either learner's inputs: what RL starts from
+            for aware in ((True,) if d == 0 else (True, False)):
+                row = _evaluate(load(config, base + [f"delay.fixed_steps={d}", f"learner.delay_correction={aware}"]),
+                                warm_ckpt, eval_episodes)
+                for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
+                    warm_rows[f"{task}/d{d}/{mode}"] = row
         for seed in seeds:
             for d in delays:
                 for aware in ((True,) if d == 0 else (True, False)):
@@ -112,7 +115,10 @@ def _plot(result: dict[str, Any], path: str) -> None:
             mean = [r["success_mean"] for r in rows]
             lo = [r["success_mean"] - r["ci95_pooled"][0] for r in rows]
             hi = [r["ci95_pooled"][1] - r["success_mean"] for r in rows]
-            ax.errorbar(delays, mean, yerr=[lo, hi], fmt=style, capsize=3, label=f"{mode}")
+            ax.errorbar(delays, mean, yerr=[lo, hi], fmt=style, capsize=3, label=f"{mode} (after RL)")
+            warm = [result.get("warm_start", {}).get(f"{task}/d{d}/{mode}", {}).get("success_rate") for d in delays]
+            if all(w is not None for w in warm):
+                ax.plot(delays, warm, style[0] + ":", alpha=0.45, label=f"{mode}: warm start")
         ax.set_title(task)
         ax.set_xlabel("inference delay d (control steps)")
         ax.grid(alpha=0.3)

@@ -51,7 +51,8 @@ def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tm
     assert len(fake_trainer.made) - len(rl) == 1  # one warm start for the task
     assert len(rl) == 2 * (1 + 2 * 2)  # per seed: d=0 once (shared by both learners), aware + naive at d=2, 4
     assert all(c.train.max_env_steps == 500 and c.train.max_wall_s == 0 and c.bc.steps == 0 for c in rl)
-    assert evaluated == [0, 2, 4]  # the warm start at every latency
+    assert evaluated == [0, 2, 2, 4, 4]  # the warm start at every latency (d > 0: with aware and naive inputs)
+    assert set(out["warm_start"]) == {f"reach/d{d}/{m}" for d in (0, 2, 4) for m in ("aware", "naive")}
     cells = out["cells"]
     # seed 0 -> k, seed 1 -> k + 1: aware d=4: 6/10 and 7/10 -> mean 0.65; naive d=4: 4, 5 -> 0.45; d=0: 0.85
     assert cells["reach/d0/aware"]["success_mean"] == pytest.approx(0.85)
