@@ -110,15 +110,15 @@ def _plot(result: dict[str, Any], path: str) -> None:
     tasks, delays = result["tasks"], result["delays"]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), sharey=True, squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for mode, style in (("aware", "o-"), ("naive", "s--")):
+        for mode, style, color in (("aware", "o-", "tab:blue"), ("naive", "s--", "tab:green")):
             rows = [result["cells"][f"{task}/d{d}/{mode}"] for d in delays]
             mean = [r["success_mean"] for r in rows]
             lo = [r["success_mean"] - r["ci95_pooled"][0] for r in rows]
             hi = [r["ci95_pooled"][1] - r["success_mean"] for r in rows]
-            ax.errorbar(delays, mean, yerr=[lo, hi], fmt=style, capsize=3, label=f"{mode} (after RL)")
+            ax.errorbar(delays, mean, yerr=[lo, hi], fmt=style, capsize=3, color=color, label=f"{mode} (after RL)")
             warm = [result.get("warm_start", {}).get(f"{task}/d{d}/{mode}", {}).get("success_rate") for d in delays]
             if all(w is not None for w in warm):
-                ax.plot(delays, warm, style[0] + ":", alpha=0.45, label=f"{mode}: warm start")
+                ax.plot(delays, warm, style[0] + ":", color=color, alpha=0.4, label=f"{mode}: warm start")
         ax.set_title(task)
         ax.set_xlabel("inference delay d (control steps)")
         ax.grid(alpha=0.3)
