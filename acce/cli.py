@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-steps", dest="budget_steps", type=int, default=None,
                    help="[delay] RL env steps per cell (default 30000); [wm] the largest real env steps per run "
                    "(default 40000)")
+    p.add_argument("--tasks", default="track,reach", help="[delay] comma-separated tasks, the dynamic one first")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")

@@ -33,7 +33,8 @@ def _bench_throughput(cfg, args) -> dict:
 
 def _bench_delay(cfg, args) -> dict:
     from acce.bench.delay import run_delay_bench
-    return run_delay_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)),
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    return run_delay_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
                            budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
                            workdir=args.workdir, plot=args.plot)
 
