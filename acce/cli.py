@@ -104,10 +104,9 @@ def cmd_eval(args) -> int:
     from acce.checkpoint import load_checkpoint, policy_from_checkpoint
     from acce.config import Config
     from acce.configlib import load_config
-    from acce.runtime.evaluator import Evaluator, format_eval
+    from acce.runtime.evaluator import format_eval
     from acce.runtime.inference import InferenceServer
-    from acce.train import make_latency
-    from acce.wiring import eval_env_factory
+    from acce.wiring import make_evaluator
     import tempfile
     import yaml
 
@@ -119,10 +118,7 @@ def cmd_eval(args) -> int:
     server = InferenceServer(policy_from_checkpoint(data), deterministic=True)
     server._version = int(data["learner"]["version"])
     tasks = args.task or list(cfg.env.tasks)
-    ev = Evaluator(eval_env_factory(cfg), server, tasks=tasks, episodes=args.episodes, num_envs=cfg.eval.num_envs,
-                   chunk_len=cfg.policy.chunk_len, exec_horizon=cfg.rollout.execution_horizon,
-                   max_delay=cfg.policy.max_delay_steps, latency=make_latency(cfg, cfg.run.seed + 999),
-                   delay_aware=cfg.learner.delay_correction)
+    ev = make_evaluator(cfg, server, tasks, args.episodes)
     results = ev.run(video=bool(args.video_dir))
     videos = results.pop("videos")
     print(format_eval(results))

@@ -27,6 +27,29 @@ def plot_learning_curve(curve: list[dict[str, Any]], evals: list[dict[str, Any]]
     axes[0].set_ylim(-0.02, 1.02)
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_per_task(tasks, draw, path: str | Path, xlabel: str,
+                  ylabel: str = "held-out success (test seeds)") -> Path:
+    """One panel per task side by side (shared y axis); `draw(ax, task)` draws a panel's lines. Benchmark plots."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        draw(ax, task)
+        ax.set_title(task)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,15 +18,10 @@ from acce.config import Config, KNOWN_TASKS
 from acce.configlib import save_config, to_dict
 from acce.metrics import Metrics
 from acce.runtime.curriculum import TaskSampler
-from acce.runtime.evaluator import Evaluator, eval_scalars, format_eval
+from acce.runtime.evaluator import eval_scalars, format_eval
 
 TASK_BY_ID = dict(enumerate(sorted(KNOWN_TASKS)))
 """task ids are positions in the sorted registry (sim.tasks.task_id)"""
-
-
-def make_latency(cfg: Config, seed: int):
-    from acce.wiring import make_latency_model
-    return make_latency_model(cfg, seed)
 
 
 def build_policy(cfg: Config, states: np.ndarray):
@@ -178,14 +173,11 @@ class Trainer:
     def evaluate(self, policy_state: dict[str, Any], version: int, video: bool) -> dict[str, Any]:
         from acce.policy.vla import VLAPolicy
         from acce.runtime.inference import InferenceServer
-        from acce.wiring import eval_env_factory
+        from acce.wiring import make_evaluator
         cfg = self.cfg
         server = InferenceServer(VLAPolicy.from_state(policy_state), deterministic=True)
         server._version = version
-        ev = Evaluator(eval_env_factory(cfg), server, tasks=cfg.env.tasks, episodes=cfg.eval.episodes_per_task,
-                       num_envs=cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
-                       exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
-                       latency=make_latency(cfg, cfg.run.seed + 999), delay_aware=cfg.learner.delay_correction)
+        ev = make_evaluator(cfg, server, cfg.env.tasks, cfg.eval.episodes_per_task)
         results = ev.run(video=video and cfg.eval.video)
         self.metrics.scalars(eval_scalars(results), version)
         for task, frames in results.pop("videos").items():

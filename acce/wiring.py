@@ -100,6 +100,17 @@ def eval_env_factory(cfg):
     return _EvalEnvFactory(cfg)
 
 
+def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None):
+    """The run's Evaluator: its test-seed envs, chunking and latency (default: cfg's model, seeded apart from
+    training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks."""
+    from acce.runtime.evaluator import Evaluator
+    return Evaluator(eval_env_factory(cfg), server, tasks=list(tasks), episodes=episodes,
+                     num_envs=num_envs or cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
+                     exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
+                     latency=latency if latency is not None else make_latency_model(cfg, cfg.run.seed + 999),
+                     delay_aware=cfg.learner.delay_correction)
+
+
 # --- world model (the imagination pipeline) ------------------------------------------------------------------------
 def check_world_model(model, cfg, *, state_dim: int | None = None, action_dim: int | None = None) -> None:
     """A world model (e.g. `imagination.wm_init_from`) must read and write the policy's observations."""

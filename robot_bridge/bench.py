@@ -161,9 +161,8 @@ def _in_sim(checkpoint: Path, task: str, episodes: int, latency_file: Path) -> d
     from acce.checkpoint import load_checkpoint, policy_from_checkpoint
     from acce.config import Config
     from acce.configlib import load_config
-    from acce.runtime.evaluator import Evaluator
     from acce.runtime.inference import InferenceServer
-    from acce.wiring import eval_env_factory
+    from acce.wiring import make_evaluator
     from sim.latency import EmpiricalLatency
     import yaml
 
@@ -176,10 +175,7 @@ def _in_sim(checkpoint: Path, task: str, episodes: int, latency_file: Path) -> d
         Path(f.name).unlink()
     server = InferenceServer(policy_from_checkpoint(data), deterministic=True)
     latency = EmpiricalLatency.from_file(latency_file, control_hz=10.0, seed=0)
-    ev = Evaluator(eval_env_factory(cfg), server, tasks=[task], episodes=episodes,
-                   num_envs=min(cfg.eval.num_envs, episodes), chunk_len=cfg.policy.chunk_len,
-                   exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps, latency=latency,
-                   delay_aware=cfg.learner.delay_correction)
+    ev = make_evaluator(cfg, server, [task], episodes, latency=latency, num_envs=min(cfg.eval.num_envs, episodes))
     return ev.run(splits=("train",))["per_task"][f"{task}/train"]
 
 

@@ -90,26 +90,19 @@ def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def _evaluate(cfg, checkpoint: Path, episodes: int) -> dict[str, Any]:
     """Held-out success of a checkpoint's policy under cfg's latency (the evaluator acce eval uses)."""
     from acce.checkpoint import load_checkpoint, policy_from_checkpoint
-    from acce.runtime.evaluator import Evaluator
     from acce.runtime.inference import InferenceServer
-    from acce.train import make_latency
-    from acce.wiring import eval_env_factory
+    from acce.wiring import make_evaluator
     server = InferenceServer(policy_from_checkpoint(load_checkpoint(checkpoint)), deterministic=True)
-    ev = Evaluator(eval_env_factory(cfg), server, tasks=list(cfg.env.tasks), episodes=episodes,
-                   num_envs=cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
-                   exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
-                   latency=make_latency(cfg, cfg.run.seed + 999), delay_aware=cfg.learner.delay_correction)
-    r = ev.run(video=False)["per_task"][f"{cfg.env.tasks[0]}/heldout"]
+    results = make_evaluator(cfg, server, cfg.env.tasks, episodes).run(video=False)
+    r = results["per_task"][f"{cfg.env.tasks[0]}/heldout"]
     return {"success_rate": r["success_rate"], "ci95": list(r["ci95"]), "n": r["n"]}
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    tasks, delays = result["tasks"], result["delays"]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), sharey=True, squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    from acce.plots import plot_per_task
+    delays = result["delays"]
+
+    def draw(ax, task):
         for mode, style, color in (("aware", "o-", "tab:blue"), ("naive", "s--", "tab:green")):
             rows = [result["cells"][f"{task}/d{d}/{mode}"] for d in delays]
             mean = [r["success_mean"] for r in rows]
@@ -119,12 +112,4 @@ def _plot(result: dict[str, Any], path: str) -> None:
             warm = [result.get("warm_start", {}).get(f"{task}/d{d}/{mode}", {}).get("success_rate") for d in delays]
             if all(w is not None for w in warm):
                 ax.plot(delays, warm, style[0] + ":", color=color, alpha=0.4, label=f"{mode}: warm start")
-        ax.set_title(task)
-        ax.set_xlabel("inference delay d (control steps)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out success (test seeds)")
-    axes[0][0].legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_per_task(result["tasks"], draw, path, "inference delay d (control steps)")

@@ -126,25 +126,14 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    tasks = result["tasks"]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), sharey=True, squeeze=False)
+    from acce.plots import plot_per_task
     colors = {"model_free": "tab:gray", "online": "tab:blue", "pretrained": "tab:green"}
-    for ax, task in zip(axes[0], tasks):
+
+    def draw(ax, task):
         for arm, seeds in result["runs"].items():
             for k, r in enumerate(seeds):
                 xs = [p["env_steps"] for p in r["curve"]]
                 ys = [p.get(f"eval/success/{task}/heldout", np.nan) for p in r["curve"]]
                 ax.plot(xs, ys, "o-", ms=3, color=colors.get(arm), alpha=0.7, label=arm if k == 0 else None)
         ax.axhline(result["target"], color="k", lw=0.8, ls=":")
-        ax.set_title(task)
-        ax.set_xlabel("real env steps")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out success (test seeds)")
-    axes[0][0].legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_per_task(result["tasks"], draw, path, "real env steps")
