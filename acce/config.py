@@ -177,6 +177,10 @@ class LearnerConfig:
     """PPO-style value clipping range (None: off)"""
     ent_coef: float = 0.0
     """entropy bonus weight"""
+    ref_kl_coef: float = 0.0
+    """weight of KL(π ‖ π_ref), the chunk distribution's divergence from the policy RL started from (the warm start,
+    frozen at the first update and kept in checkpoints), on every minibatch's observations; anchors RL fine-tuning
+    to what cloning taught (0: off)"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
     recompute_values: bool = True

@@ -267,3 +267,16 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None) -> to
     mask = _check_mask(mask)
     _check_same_shape(entropy=entropy, mask=mask)
     return _masked_mean(_fill(mask, _upcast(entropy), 0.0), mask)
+
+
+def gaussian_kl(mean_p: torch.Tensor, log_std_p: torch.Tensor, mean_q: torch.Tensor,
+                log_std_q: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) of diagonal Gaussians, summed over the last (action) axis and averaged over the rest:
+    log σq/σp + (σp² + (μp − μq)²) / (2 σq²) − ½ per dim. Log-stds broadcast against the means (a learned
+    per-position log_std (H, A) against means (B, H, A))."""
+    _check_same_shape(mean_p=mean_p, mean_q=mean_q)
+    mean_p, mean_q = _upcast(mean_p), _upcast(mean_q)
+    log_std_p, log_std_q = _upcast(log_std_p).expand_as(mean_p), _upcast(log_std_q).expand_as(mean_p)
+    var_q = torch.exp(2.0 * log_std_q)
+    per_dim = log_std_q - log_std_p + (torch.exp(2.0 * log_std_p) + (mean_p - mean_q) ** 2) / (2.0 * var_q) - 0.5
+    return per_dim.sum(-1).mean()

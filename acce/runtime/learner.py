@@ -3,7 +3,8 @@
 One `update(segments)` = measure staleness at consumption (queue time counts) and exclude (and count) segments
 beyond `max_staleness`; compute proximal log-probs and values with the current weights; advantages by GAE or
 V-trace over semi-Markov decisions (rewards and discounts of the executed spans); then `epochs x minibatches`
-optimizer steps of decoupled PPO or GIPO + value loss − entropy bonus. `version` counts optimizer steps.
+optimizer steps of decoupled PPO or GIPO + value loss − entropy bonus (+ an optional KL anchor to the policy RL
+started from). `version` counts optimizer steps.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gipo_loss, value_loss
+from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gaussian_kl, gipo_loss, value_loss
 from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
 from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Segment
@@ -62,6 +63,15 @@ class Learner:
         self.updates = 0
         self.consumed_segments = 0
         self.consumed_env_steps = 0
+        self.ref_policy = None
+        """frozen copy of the policy at the first RL update (learner.ref_kl_coef > 0)"""
+
+    def anchor_reference(self) -> None:
+        """Freeze the current policy as the KL reference (once; a resumed learner keeps its checkpointed one)."""
+        if self.ref_policy is None:
+            # rebuilt from policy_state, not deep-copied: the copy needs no language encoder (batches carry embeddings)
+            self.ref_policy = type(self.policy).from_state(self.policy.policy_state()).to(self.policy.device).eval()
+            self.ref_policy.requires_grad_(False)
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         """Fresh Adam moments at `lr` (default learner.lr): the BC warm start uses its own rate, and RL must not
@@ -88,7 +98,8 @@ class Learner:
                 "version": self.version, "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "excluded_segments": self.excluded_segments,
                 "updates": self.updates, "ret_stats": list(self.ret_stats),
-                "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps}
+                "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps,
+                "ref_policy": None if self.ref_policy is None else self.ref_policy.policy_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"]["state_dict"])
@@ -99,6 +110,10 @@ class Learner:
         self.ret_stats = list(state.get("ret_stats", [0, 0.0, 0.0]))
         for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
+        self.ref_policy = None
+        if state.get("ref_policy") is not None:
+            self.ref_policy = type(self.policy).from_state(state["ref_policy"]).to(self.policy.device).eval()
+            self.ref_policy.requires_grad_(False)
 
     def _clip_gradients(self) -> torch.Tensor:
         """Clip to max_grad_norm; with a stop-gradient critic, actor and critic separately (their parameters are
@@ -179,6 +194,8 @@ class Learner:
         if not segments:
             return metrics
         cfg = self.cfg
+        if cfg.ref_kl_coef > 0:
+            self.anchor_reference()
         data = collate(segments)
         tg = self._targets(data)
         adv = tg["adv"]
@@ -195,7 +212,9 @@ class Learner:
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx)
                 batch = self.policy.with_lang(_select(data["inputs"], idx))
-                logp, entropy, values = self.policy.evaluate(batch, chunk[it], mask[it])
+                mean, log_std, values = self.policy(batch)
+                logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
+                entropy = self.policy.entropy(log_std, mask[it])
                 args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
                 if cfg.algorithm == "ppo":
                     pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
@@ -205,6 +224,12 @@ class Learner:
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
+                if self.ref_policy is not None and cfg.ref_kl_coef > 0:
+                    with torch.no_grad():
+                        ref_mean, ref_log_std, _ = self.ref_policy(batch)
+                    kl = gaussian_kl(mean, log_std, ref_mean, ref_log_std)
+                    loss = loss + cfg.ref_kl_coef * kl
+                    stats = {**stats, "loss/ref_kl": kl.item()}
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = self._clip_gradients()

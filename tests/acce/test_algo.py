@@ -352,3 +352,12 @@ def test_value_loss_plain_and_clipped():
 def test_entropy_bonus():
     assert close(entropy_bonus(t(1.0, 2.0, 6.0)), 3.0)
     assert close(entropy_bonus(t(1.0, math.nan, 6.0), mask=torch.tensor([T, F, T])), 3.5)
+
+
+def test_gaussian_kl_hand_numbers():
+    from acce.algo import gaussian_kl
+    # per dim: log(2/1) + (1 + (1 - 0)^2) / (2 * 4) - 1/2 = 0.693147 + 0.25 - 0.5 = 0.443147; two dims -> 0.886294
+    mean_p, mean_q = torch.ones(3, 2, 2), torch.zeros(3, 2, 2)
+    log_std_p, log_std_q = torch.zeros(2, 2), torch.full((2, 2), math.log(2.0))
+    assert gaussian_kl(mean_p, log_std_p, mean_q, log_std_q).item() == pytest.approx(0.886294, abs=1e-5)
+    assert gaussian_kl(mean_p, log_std_p, mean_p, log_std_p).item() == pytest.approx(0.0, abs=1e-7)

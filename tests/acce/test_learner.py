@@ -151,3 +151,38 @@ def test_value_targets_are_standardized_by_running_statistics():
     _, off = make_learner(["learner.normalize_values=false"])
     off._update_value_stats(a)
     assert off.value_stats() == (0.0, 1.0)
+
+
+def _output_kl(learner, start_state, segments):
+    """KL(π ‖ π_start) of the chunk distributions on the segments' observations."""
+    from acce.algo import gaussian_kl
+    start = VLAPolicy.from_state({**learner.policy.policy_state(), "state_dict": start_state})
+    batch = learner.policy.with_lang(collate(segments)["inputs"])
+    with torch.no_grad():
+        (m, s, _), (m0, s0, _) = learner.policy.eval()(batch), start.eval()(batch)
+    return gaussian_kl(m, s, m0, s0).item()
+
+
+def test_reference_kl_anchors_rl_to_the_starting_policy_and_survives_checkpoints():
+    """learner.ref_kl_coef: the reference is frozen at the first update (KL 0 there), the actor ends nearer its start
+    than without the anchor, and a resumed learner keeps the original reference, not its own current weights."""
+    runs = {}
+    probe = [segment([1, 0, 1, 0]), segment([0, 1, 1, 1])]
+    for coef in (0.0, 10.0):
+        _, learner = make_learner([f"learner.ref_kl_coef={coef}", "learner.lr=1e-3"])
+        start = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+        first = learner.update([segment([1, 0, 1, 0]), segment([0, 1, 0, 1])])
+        for k in range(6):
+            metrics = learner.update([segment([1, 0, 1, k % 2]), segment([0, 1, k % 2, 1])])
+        runs[coef] = (learner, start, first, metrics)
+    learner, start, first, metrics = runs[10.0]
+    assert runs[0.0][0].ref_policy is None and "loss/ref_kl" not in runs[0.0][3]
+    assert first["loss/ref_kl"] == pytest.approx(0.0, abs=1e-6) and metrics["loss/ref_kl"] > 0
+    anchored, free = _output_kl(learner, start, probe), _output_kl(runs[0.0][0], runs[0.0][1], probe)
+    assert anchored < 0.5 * free
+    ref = learner.ref_policy.state_dict()
+    assert all(torch.equal(ref[k], v) for k, v in start.items())
+    _, resumed = make_learner(["learner.ref_kl_coef=10.0"])
+    resumed.load_state_dict(learner.state_dict())
+    resumed.update([segment([1, 1, 0, 0])])
+    assert all(torch.equal(resumed.ref_policy.state_dict()[k], v) for k, v in start.items())
