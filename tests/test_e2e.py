@@ -5,6 +5,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from acce.cli import main
 from acce.config import load
@@ -32,6 +33,10 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert second["learner_version"] > first["learner_version"] >= 6
     assert second["env_steps"] > first["env_steps"]
     assert len(list((run / "tb").glob("events.out.tfevents*"))) == 2
+    # the KL anchor (learner.ref_kl_coef) is the warm start, frozen in the Ray learner and kept across the resume
+    ckpt, bc = (torch.load(run / "checkpoints" / f, weights_only=False) for f in ("latest.pt", "bc.pt"))
+    ref, start = ckpt["learner"]["ref_policy"]["state_dict"], bc["learner"]["policy"]["state_dict"]
+    assert set(ref) == set(start) and all(torch.equal(ref[k], start[k]) for k in start)
     # evaluate the checkpoint from the command line
     out = tmp_path / "eval.json"
     assert main(["eval", "--checkpoint", str(run), "--episodes", "3", "--out", str(out)]) == 0
