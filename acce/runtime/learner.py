@@ -69,9 +69,14 @@ class Learner:
     def anchor_reference(self) -> None:
         """Freeze the current policy as the KL reference (once; a resumed learner keeps its checkpointed one)."""
         if self.ref_policy is None:
-            # rebuilt from policy_state, not deep-copied: the copy needs no language encoder (batches carry embeddings)
-            self.ref_policy = type(self.policy).from_state(self.policy.policy_state()).to(self.policy.device).eval()
-            self.ref_policy.requires_grad_(False)
+            self.ref_policy = self._frozen(self.policy.policy_state())
+
+    def _frozen(self, policy_state: dict[str, Any]):
+        """A no-grad eval-mode policy rebuilt from a policy_state (not deep-copied: the copy needs no language
+        encoder, batches carry embeddings)."""
+        ref = type(self.policy).from_state(policy_state).to(self.policy.device).eval()
+        ref.requires_grad_(False)
+        return ref
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         """Fresh Adam moments at `lr` (default learner.lr): the BC warm start uses its own rate, and RL must not
@@ -110,10 +115,8 @@ class Learner:
         self.ret_stats = list(state.get("ret_stats", [0, 0.0, 0.0]))
         for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
-        self.ref_policy = None
-        if state.get("ref_policy") is not None:
-            self.ref_policy = type(self.policy).from_state(state["ref_policy"]).to(self.policy.device).eval()
-            self.ref_policy.requires_grad_(False)
+        ref = state.get("ref_policy")
+        self.ref_policy = None if ref is None else self._frozen(ref)
 
     def _clip_gradients(self) -> torch.Tensor:
         """Clip to max_grad_norm; with a stop-gradient critic, actor and critic separately (their parameters are
@@ -224,7 +227,7 @@ class Learner:
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
-                if self.ref_policy is not None and cfg.ref_kl_coef > 0:
+                if cfg.ref_kl_coef > 0:  # (anchored above)
                     with torch.no_grad():
                         ref_mean, ref_log_std, _ = self.ref_policy(batch)
                     kl = gaussian_kl(mean, log_std, ref_mean, ref_log_std)
