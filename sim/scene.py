@@ -85,7 +85,9 @@ def build_xml(spec: SceneSpec, image_size: int) -> str:
   </visual>
   <worldbody>
     <light pos="0 -0.3 1.5" dir="0 0.2 -1" castshadow="false" diffuse="0.4 0.4 0.4"/>
-    <geom name="floor" type="plane" pos="0 0 -0.75" size="2 2 0.01" rgba="0.25 0.25 0.28 1"/>
+    <!-- size[2] is the plane's rendering grid spacing: 0.01 m drew a 400 x 400 grid, 2.5 ms per 64 x 64 frame in
+         software GL; 0.1 m draws the same image (max pixel difference 1) in 0.37 ms -->
+    <geom name="floor" type="plane" pos="0 0 -0.75" size="2 2 0.1" rgba="0.25 0.25 0.28 1"/>
     <geom name="table" type="box" pos="0 0 -0.02" size="{TABLE_HALF_M} {TABLE_HALF_M} 0.02"
           rgba="0.62 0.55 0.46 1" friction="0.5 0.005 0.0001"/>
     <camera name="front" pos="0 -0.5 0.5" xyaxes="1 0 0 0 0.72 0.69" fovy="45"/>

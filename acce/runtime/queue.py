@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class RolloutQueue:
@@ -69,6 +69,26 @@ class RolloutQueue:
     def stats(self) -> dict[str, float]:
         return {"size": len(self._items), "capacity": self.capacity, "put_wait_s": self.put_wait_s,
                 "get_wait_s": self.get_wait_s, "full_waits": self.full_waits}
+
+
+def put_until_stopped(queue, item: Any, stopped: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Put into a bounded queue (`put(item, timeout=...)` raising queue.Full, as ray.util.queue.Queue does), blocking
+    while it is full (pacing) but waking every `poll_s` to see a stop: a producer blocked on a full queue when the
+    learner stops would otherwise hold the shutdown for the whole timeout. Returns False if stopped first (the item
+    is not delivered, whole or in part); a queue full for `timeout_s` while running means the consumer is gone and
+    raises TimeoutError."""
+    import queue as queue_mod  # ray.util.queue.Full subclasses queue.Full
+
+    deadline = time.perf_counter() + timeout_s
+    while not stopped():
+        try:
+            queue.put(item, timeout=min(poll_s, max(deadline - time.perf_counter(), 0.001)))
+            return True
+        except queue_mod.Full:
+            if time.perf_counter() >= deadline:
+                raise TimeoutError(f"the rollout queue stayed full for {timeout_s:g} s (runtime.timeout_s): is the "
+                                   "learner alive?") from None
+    return False
 
 
 class StalenessGate:

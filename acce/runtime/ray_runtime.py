@@ -18,7 +18,7 @@ import ray
 from ray.util.queue import Queue
 
 from acce.runtime.inference import InferenceServer
-from acce.runtime.queue import StalenessGate, SyncGate
+from acce.runtime.queue import StalenessGate, SyncGate, put_until_stopped
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker
 
@@ -117,7 +117,7 @@ class WorkerActor:
             self._note_episodes()
             for seg in segments:
                 t0 = time.perf_counter()
-                self.queue.put(seg, timeout=self.cfg.runtime.timeout_s)
+                put_until_stopped(self.queue, seg, lambda: self.stopped, self.cfg.runtime.timeout_s)
                 self.idle_s += time.perf_counter() - t0
             if not segments and self.worker.paused.all():
                 t0 = time.perf_counter()

@@ -10,7 +10,7 @@ from acce.policy.norm import NormStats
 from acce.policy.vla import VLAPolicy
 from acce.runtime.inference import InferenceServer
 from acce.runtime.learner import Learner
-from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
+from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate, put_until_stopped
 from acce.runtime.weights import WeightStore
 
 TINY = ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
@@ -139,6 +139,36 @@ def test_queue_blocks_when_full_and_times_out():
         q.get_batch(1, timeout_s=0.05)
     with pytest.raises(ValueError):
         q.get_batch(3)
+
+
+class CountingFullQueue:
+    """Always full (queue.Full after the timeout, as ray.util.queue.Queue raises); counts put attempts."""
+
+    def __init__(self, accept_after: int | None = None):
+        self.attempts, self.accept_after, self.items = 0, accept_after, []
+
+    def put(self, item, timeout):
+        import queue
+        self.attempts += 1
+        if self.accept_after is not None and self.attempts > self.accept_after:
+            self.items.append(item)
+            return
+        import time
+        time.sleep(timeout)
+        raise queue.Full
+
+
+def test_put_until_stopped_paces_sees_a_stop_and_fails_loudly():
+    q = CountingFullQueue(accept_after=2)  # full twice, then room: delivered once, whole
+    assert put_until_stopped(q, "seg", lambda: False, timeout_s=5.0, poll_s=0.01)
+    assert q.items == ["seg"] and q.attempts == 3
+    # a stop while blocked on a full queue returns promptly without delivering (not after the whole timeout)
+    q, calls = CountingFullQueue(), []
+    stopped = lambda: calls.append(1) or len(calls) > 3  # noqa: E731
+    assert not put_until_stopped(q, "seg", stopped, timeout_s=60.0, poll_s=0.01)
+    assert q.attempts == 3 and q.items == []
+    with pytest.raises(TimeoutError, match="learner alive"):  # full for the whole timeout while running
+        put_until_stopped(CountingFullQueue(), "seg", lambda: False, timeout_s=0.05, poll_s=0.01)
 
 
 def test_staleness_gate_predicts_consumption_version():
