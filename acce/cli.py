@@ -189,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="[delay, wm] training seeds per cell")
     p.add_argument("--workdir", default=None, help="[delay, wm] keep the runs here (default: a temporary folder); "
                    "finished runs found there are reused")
-    p.add_argument("--plot", default=None, help="[delay, wm] write the plot (PNG) here")
+    p.add_argument("--plot", default=None, help="[delay, wm, throughput] write the plot (PNG) here")
+    p.add_argument("--cases", default="default,long_tail,long_tail_lockstep",
+                   help="[throughput] comma-separated cases: default, long_tail, long_tail_lockstep, and sweep (the "
+                   "tail weight at a fixed mean latency)")
     p.add_argument("--episodes", type=int, default=None, help="test-seed episodes per task and split: [experts] "
                    "per task and noise (default 100), [delay] per evaluation (40), [wm] per periodic evaluation (the preset's eval.episodes_per_task)")
     p.add_argument("--budget-steps", dest="budget_steps", type=int, default=None,

@@ -41,6 +41,10 @@ class SlowStepEnv:
         """(N,) bool: envs whose last step has completed (always all of them in lockstep mode)."""
         return self.busy_until <= self.clock()
 
+    def seconds_until_ready(self) -> float:
+        """Wall-clock seconds until the next env frees up (0 if one is ready now)."""
+        return max(float(self.busy_until.min()) - self.clock(), 0.0) if self.busy_until.size else 0.0
+
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         """Sleep until at least one env is ready (at most timeout_s)."""
         delay = min(float(self.busy_until.min()) - self.clock(), timeout_s)

@@ -27,8 +27,11 @@ def _bench_experts(cfg, args) -> dict:
 
 
 def _bench_throughput(cfg, args) -> dict:
-    from acce.bench.throughput import run_throughput
-    return run_throughput(args.config, list(args.overrides), args.duration_s)
+    from acce.bench.throughput import plot_sweep, resolve_cases, run_throughput
+    out = run_throughput(args.config, list(args.overrides), args.duration_s, resolve_cases(args.cases))
+    if args.plot:
+        plot_sweep(out, args.plot)
+    return out
 
 
 def _bench_delay(cfg, args) -> dict:

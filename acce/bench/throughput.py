@@ -5,6 +5,7 @@ The RL phase only: no behavior-cloning warm start (it does not change throughput
 """
 from __future__ import annotations
 
+import math
 import tempfile
 from typing import Any
 
@@ -18,16 +19,70 @@ env stepping on its own (remote simulators); long_tail_lockstep: the same latenc
 step waits for the slowest env) in both modes"""
 
 
-def run_throughput(config: str | None, overrides: list[str], duration_s: float, cases=None) -> dict[str, Any]:
+SWEEP_MEAN_MS = 10.0 * math.exp(0.5)
+"""the long_tail case's mean step latency (median 10 ms, sigma 1): every sweep case has this mean"""
+SWEEP_SIGMAS = (0.5, 1.0, 1.5, 2.0)
+
+
+def sweep_cases(sigmas=SWEEP_SIGMAS) -> dict[str, list[str]]:
+    """Tail weight at a fixed mean latency: lognormal sigma with median = mean * exp(-sigma^2 / 2), so every case
+    costs the envs the same wall-clock per step on average and only the spread differs (sigma 1 = long_tail)."""
+    return {f"tail_sigma_{g:g}": [f"env.step_latency_ms={SWEEP_MEAN_MS * math.exp(-g * g / 2):.4f}",
+                                  f"env.step_latency_sigma={g:g}"] for g in sigmas}
+
+
+def resolve_cases(names: str) -> dict[str, list[str]]:
+    """'default,long_tail,sweep' -> {case: overrides}; 'sweep' expands to the tail-weight sweep."""
+    known = {**CASES, **sweep_cases()}
+    out: dict[str, list[str]] = {}
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if name == "sweep":
+            out.update(sweep_cases())
+        elif name in known:
+            out[name] = known[name]
+        else:
+            raise ValueError(f"unknown throughput case {name!r}; choose from {', '.join([*CASES, 'sweep'])}")
+    if not out:
+        raise ValueError("--cases is empty; e.g. --cases default,long_tail,sweep")
+    return out
+
+
+def plot_sweep(result: dict[str, Any], path: str) -> None:
+    """async/sync ratio and env steps/s per mode against the sweep's lognormal sigma (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = sorted((float(c.removeprefix("tail_sigma_")), r) for c, r in result["cases"].items()
+                  if c.startswith("tail_sigma_"))
+    if not rows:
+        return
+    sig = [g for g, _ in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for mode in ("sync", "async"):
+        a.plot(sig, [r[mode]["env_steps_per_s"] for _, r in rows], "o-", label=mode)
+    a.set(xlabel="lognormal sigma of the per-step latency (mean fixed)", ylabel="env steps/s", ylim=(0, None))
+    a.legend()
+    b.plot(sig, [r["async_over_sync"] for _, r in rows], "o-", color="C2")
+    b.axhline(3.0, ls="--", color="grey", lw=1)
+    b.set(xlabel="lognormal sigma (mean fixed)", ylabel="async / sync", ylim=(0, None))
+    fig.suptitle(f"bench throughput: mean step latency {SWEEP_MEAN_MS:.1f} ms, {result['duration_s']:g} s per mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_throughput(config: str | None, overrides: list[str], duration_s: float,
+                   cases: dict[str, list[str]] | None = None) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
     out: dict[str, Any] = {"duration_s": duration_s, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for case in cases or CASES:
-            row: dict[str, Any] = {"overrides": CASES[case]}
+        cases = cases or CASES
+        for case, extra in cases.items():
+            row: dict[str, Any] = {"overrides": extra}
             for mode in ("sync", "async"):
-                cfg = load(config, list(overrides) + CASES[case] + [
+                cfg = load(config, list(overrides) + extra + [
                     f"runtime.mode={mode}", f"train.max_wall_s={duration_s}", "train.final_eval=false",
                     "eval.every_versions=0", "bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp}",
                     f"run.name={case}_{mode}", "train.checkpoint_every_versions=1000000"])

@@ -63,6 +63,29 @@ class _RemotePolicy:
     def infer(self, batch: dict) -> dict:
         return ray.get(self.handle.infer.remote(batch), timeout=self.timeout_s)
 
+    def submit(self, batch: dict) -> "_RayPending":
+        return _RayPending(self.handle.infer.remote(batch), self.timeout_s)
+
+
+class _RayPending:
+    """worker.Pending over an ObjectRef: a pipelined worker keeps stepping its other envs while this is in flight."""
+
+    def __init__(self, ref, timeout_s: float):
+        self.ref, self.timeout_s = ref, timeout_s
+
+    def done(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def wait(self, timeout_s: float | None) -> bool:
+        done = bool(ray.wait([self.ref], timeout=self.timeout_s if timeout_s is None else timeout_s)[0])
+        if timeout_s is None and not done:
+            raise TimeoutError(f"no inference result within runtime.timeout_s={self.timeout_s} s (is the inference "
+                               "server alive?)")
+        return done
+
+    def result(self) -> dict:
+        return ray.get(self.ref, timeout=self.timeout_s)
+
 
 class _RemoteGate:
     def __init__(self, handle, timeout_s: float):
@@ -84,7 +107,7 @@ class WorkerActor:
                                     exec_horizon=r.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                                     gamma=lc.gamma, delay_aware=lc.delay_correction,
                                     latency=make_latency(worker_id) if make_latency else None,
-                                    gate=_RemoteGate(gate, cfg.runtime.timeout_s))
+                                    gate=_RemoteGate(gate, cfg.runtime.timeout_s), pipelined=True)
         self.stopped = False
         self.episodes: list[dict] = []
         self.idle_s = 0.0
@@ -251,11 +274,13 @@ class RayRuntime:
         self.sync = rt.mode == "sync"
         lc, t = cfg.learner, rt.timeout_s
         policy_state = learner.policy.policy_state()
+        total_envs = cfg.rollout.num_workers * cfg.env.num_envs
         self.weight_store = ray.remote(WeightStore).options(num_cpus=0).remote()
-        self.server = ServerActor.options(num_cpus=rt.server_cpus, max_concurrency=32).remote(
+        # one thread per in-flight request: every env of every pipelined worker may have one
+        self.server = ServerActor.options(num_cpus=rt.server_cpus, max_concurrency=max(
+            64, 2 * total_envs)).remote(
             policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0})
-        total_envs = cfg.rollout.num_workers * cfg.env.num_envs
         gate_cls = SyncGate if self.sync else StalenessGate
         gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
         self.gate = ray.remote(gate_cls).options(num_cpus=0).remote(*gate_args)

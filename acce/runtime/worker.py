@@ -15,6 +15,11 @@ from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline, stack_in
 from acce.types import TASK_ID_KEY, LatencyModel, Segment, batch_row
 
 
+POLL_INTERVAL_S = 0.002
+"""pipelined workers look for finished requests at most this often while they have envs to step (a poll is a
+ray.wait: polling every loop iteration cost 5.4 s of a worker's 22 s busy time in the long-tail bench)"""
+
+
 class MeasuredLatency:
     """delay.model=measured: d from the wall-clock latency of this worker's previous inference request.
 
@@ -44,13 +49,55 @@ class PolicyClient(Protocol):
 
     def infer(self, batch: dict[str, Any]) -> dict[str, Any]: ...
 
+    # pipelined workers also need: def submit(self, batch) -> Pending (or a concurrent.futures.Future)
+
+
+class Pending(Protocol):
+    """An inference request in flight (pipelined workers)."""
+
+    def done(self) -> bool: ...
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Block until done or timeout_s (None: the client's own limit, then TimeoutError); True if done."""
+        ...
+
+    def result(self) -> dict[str, Any]: ...
+
+
+class FuturePending:
+    """Pending over a concurrent.futures.Future (the in-process InferenceServer's submit)."""
+
+    def __init__(self, future, timeout_s: float = 120.0):
+        self.future, self.timeout_s = future, timeout_s
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self, timeout_s: float | None) -> bool:
+        import concurrent.futures as cf
+        cf.wait([self.future], timeout=self.timeout_s if timeout_s is None else timeout_s)
+        if timeout_s is None and not self.future.done():
+            raise TimeoutError(f"no inference result within {self.timeout_s} s (is the inference server alive?)")
+        return self.future.done()
+
+    def result(self) -> dict[str, Any]:
+        return self.future.result(timeout=0)
+
 
 class RolloutWorker:
     def __init__(self, env, policy: PolicyClient, *, worker_id: int = 0, segment_len: int = 8, chunk_len: int = 8,
                  exec_horizon: int = 4, max_delay: int = 0, gamma: float = 0.99, delay_aware: bool = True,
                  latency: LatencyModel | None = None, source: str = "sim", gate: Gate | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, pipelined: bool = False):
+        """pipelined: send inference requests without waiting (policy.submit) and keep stepping the other envs
+        while they are in flight; an env waits only for its own chunk. Off: one blocking infer() per batch of
+        decisions, the deterministic order the local runtime needs."""
         self.env, self.policy, self.gate = env, policy, gate
+        self.pipelined = pipelined
+        self.inflight: list[tuple[Any, list[int], list[tuple[DecisionInput, int]], float]] = []
+        """pipelined requests in submission order: (pending, env indices, their inputs, submit time)"""
+        self.inflight_envs: set[int] = set()
+        self._polled_s = 0.0
         self.worker_id, self.segment_len, self.source, self.clock = worker_id, segment_len, source, clock
         self.latency = latency
         self.max_delay = max_delay
@@ -64,6 +111,7 @@ class RolloutWorker:
         self.paused = np.zeros(n, bool)
         self.episodes: list[dict[str, Any]] = []
         """finished episodes (return, length, success, task_id, seed) not yet drained by the runtime"""
+        # infer_time_s: time this worker was blocked on inference (pipelined: only waits with no env to step)
         self.stats = {"env_steps": 0, "decisions": 0, "segments": 0, "env_time_s": 0.0, "infer_time_s": 0.0,
                       "render_time_s": 0.0, "paused_steps": 0, "delay_clamped": 0}
         self._reset_done = False
@@ -100,8 +148,11 @@ class RolloutWorker:
 
     def _decide(self, out: list[Segment]) -> None:
         """Observe envs with a decision due, close finished windows, then sample where the gate allows."""
+        if self.inflight and time.perf_counter() - self._polled_s >= POLL_INTERVAL_S:
+            self._harvest(0.0)
         ready = self._ready()
-        due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting and ready[i]]
+        due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting and ready[i]
+               and i not in self.inflight_envs]
         if due:
             for i, row in zip(due, self._observe(due)):
                 d = self._sample_delay()
@@ -110,10 +161,13 @@ class RolloutWorker:
                 self.waiting[i] = (inp, d)
                 self._pop(i, out)
         go = []
+        version = None  # the server's version, asked once per call (a remote call on Ray)
         for i in sorted(self.waiting):
             if not self.ticket[i]:
-                if self.gate is not None and not self.gate.try_acquire(self.worker_id, i, int(self.policy.version)):
-                    continue
+                if self.gate is not None:
+                    version = int(self.policy.version) if version is None else version
+                    if not self.gate.try_acquire(self.worker_id, i, version):
+                        continue
                 self.ticket[i] = True
             go.append(i)
         self.paused[:] = False
@@ -123,9 +177,33 @@ class RolloutWorker:
         inputs = [self.waiting.pop(i) for i in go]
         batch = stack_inputs([inp for inp, _ in inputs])
         t0 = time.perf_counter()
+        if self.pipelined:
+            pending = self.policy.submit(batch)
+            if not hasattr(pending, "wait"):
+                pending = FuturePending(pending)
+            self.inflight.append((pending, go, inputs, t0))
+            self.inflight_envs.update(go)
+            return
         result = self.policy.infer(batch)
         elapsed = time.perf_counter() - t0
         self.stats["infer_time_s"] += elapsed
+        self._apply(go, inputs, result, elapsed)
+
+    def _harvest(self, block_s: float | None) -> None:
+        """Apply finished pipelined results in submission order; block_s != 0: first wait up to block_s (None: the
+        client's limit) for the oldest."""
+        if block_s != 0.0:
+            t0 = time.perf_counter()
+            self.inflight[0][0].wait(block_s)
+            self.stats["infer_time_s"] += time.perf_counter() - t0
+        self._polled_s = time.perf_counter()
+        while self.inflight and self.inflight[0][0].done():
+            pending, go, inputs, t0 = self.inflight.pop(0)
+            self.inflight_envs.difference_update(go)
+            self._apply(go, inputs, pending.result(), time.perf_counter() - t0)
+
+    def _apply(self, go: list[int], inputs: list[tuple[DecisionInput, int]], result: dict[str, Any],
+               elapsed: float) -> None:
         if hasattr(self.latency, "observe"):
             self.latency.observe(elapsed)
         now = self.clock()
@@ -156,7 +234,13 @@ class RolloutWorker:
             due = np.fromiter((tl.decision_due for tl in self.timelines), bool, len(self.timelines))
             active = ~self.paused & ready & ~due
             if not active.any():
-                if (~self.paused & ready & due).any():  # freed up since _decide: decide for it first
+                flying = np.zeros(len(self.timelines), bool)
+                flying[list(self.inflight_envs)] = True
+                if (~self.paused & ready & due & ~flying).any():  # freed up since _decide: decide for it first
+                    continue
+                if self.inflight:  # wait for the oldest chunk, or until a busy env frees up if that comes first
+                    until = getattr(self.env, "seconds_until_ready", None)
+                    self._harvest(until() if until is not None and (~self.paused & ~ready).any() else None)
                     continue
                 if (~self.paused & ~ready).any():  # only busy envs left to step: wait for the first to free up
                     t0 = time.perf_counter()

@@ -143,3 +143,27 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
     assert t["online/push"]["ratio_model_free_over_this"] == pytest.approx(2.0)
     assert t["pretrained/reach"]["ratio_model_free_over_this"] == pytest.approx(4.0)
     assert not t["pretrained/reach"]["ratio_is_bound"]
+
+
+def test_throughput_sweep_keeps_the_mean_latency_and_runs_both_modes(fake_trainer, tmp_path):
+    import math
+
+    import acce.bench.throughput as tp
+    # each run reports env steps/s = 100 (sync) or 100 * (1 + sigma) (async): the ratio per case is 1 + sigma
+    fake_trainer.outcome = staticmethod(lambda cfg: {
+        "env_steps_per_s": 100.0 * (1 + (cfg.env.step_latency_sigma if cfg.runtime.mode == "async" else 0.0)),
+        "env_steps": 1, "learner_version": 1, "wall_s": 1.0, "actor_idle_frac": 0.0, "learner_idle_frac": 0.0,
+        "staleness_mean": 0.0, "staleness_max": 0})
+    cases = tp.resolve_cases("default,sweep")
+    assert list(cases) == ["default", "tail_sigma_0.5", "tail_sigma_1", "tail_sigma_1.5", "tail_sigma_2"]
+    out = tp.run_throughput("configs/debug.yaml", [], 2.0, cases)
+    runs = [(c.env.step_latency_ms, c.env.step_latency_sigma, c.runtime.mode) for c in fake_trainer.made]
+    assert [m for _, _, m in runs] == ["sync", "async"] * 5
+    for median_ms, sigma, _ in runs[2:]:  # lognormal mean = median * exp(sigma^2 / 2) = the long_tail case's mean
+        assert median_ms * math.exp(sigma ** 2 / 2) == pytest.approx(10.0 * math.exp(0.5), rel=1e-4)
+    assert runs[4][:2] == (pytest.approx(10.0), 1.0)  # sigma 1 is the long_tail case itself
+    assert out["cases"]["tail_sigma_1.5"]["async_over_sync"] == pytest.approx(2.5)
+    tp.plot_sweep(out, str(tmp_path / "sweep.png"))
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="unknown throughput case 'fast'"):
+        tp.resolve_cases("default,fast")
