@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Union
 
 from acce.configlib import ConfigError, load_config
 from acce.policy.config import PolicyConfig
@@ -40,8 +41,8 @@ class EnvConfig:
     """square camera resolution in pixels"""
     cameras: tuple[str, ...] = ("front",)
     """camera names; observation keys are image/<camera>"""
-    task_params: dict[str, dict[str, float]] = field(default_factory=dict)
-    """per-task overrides of the task's config, e.g. {track: {ball_speed_mps: 0.2}}"""
+    task_params: dict[str, dict[str, Union[float, str]]] = field(default_factory=dict)
+    """per-task overrides of the task's config, e.g. {track: {ball_speed_mps: 0.2}, push: {approach: around}}"""
     step_latency_ms: float = 0.0
     """extra wall-clock latency per env step, median in ms (0: none); models remote simulators / robots"""
     step_latency_sigma: float = 1.0

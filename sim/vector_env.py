@@ -40,7 +40,15 @@ def task_config_from_params(task: str, params: dict[str, float]) -> TaskConfig:
     if unknown:
         raise ValueError(f"env.task_params.{task}: unknown field(s) {unknown}; valid: {sorted(names)}")
     types = {f.name: f.type for f in dataclasses.fields(cls)}
-    return cls(**{k: (int(v) if types[k] in (int, "int") else float(v)) for k, v in params.items()})
+    def cast(name: str, value):
+        kind = types[name]
+        if kind in (str, "str"):
+            return str(value)
+        try:
+            return int(value) if kind in (int, "int") else float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"env.task_params.{task}.{name} must be a number, got {value!r}") from None
+    return cls(**{k: cast(k, v) for k, v in params.items()})
 
 
 def stack_obs(observations: Sequence[Obs], task_ids: Sequence[int]) -> BatchObs:

@@ -36,10 +36,18 @@ class PushConfig(TaskConfig):
     1 cm + this far out, so a position estimate a centimetre or two off still comes down behind the cube. 0.04 cloned
     push alone to 16 % held-out at version 0 vs 0 % (BENCHMARKS.md, `push_only_funnel`)"""
 
+    approach: str = "over"
+    """expert only: "over" = move at clearance height to the pre-push point and descend there; "around" = come down
+    to pushing height as soon as the tip is clear of the cube and go round it at that height to the pre-push point
+    (a waypoint beside the cube when the straight path is blocked), so a cloned policy never has to decide where to
+    descend"""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.descent_funnel_m < 0:
             raise ValueError(f"descent_funnel_m must be >= 0 (0 = off), got {self.descent_funnel_m}")
+        if self.approach not in ("over", "around"):
+            raise ValueError(f"push approach must be 'over' or 'around', got {self.approach!r}")
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -95,6 +103,8 @@ class Push(CubeToPadTask):
             goal = cube + direction * min(along + 0.04, 0.03)
             return self.move_toward(scene, np.array([*goal, PUSH_Z_M]), grip=1.0)
         pre = cube - direction * PRE_PUSH_BACK_M
+        if self.config.approach == "around":
+            return self._approach_around(scene, cube, direction, pre, lateral)
         if tip[2] < CLEAR_Z_M - 0.02 and np.linalg.norm(rel) < 0.07 and not behind:
             # low and next to the cube but misaligned: lift straight up before re-approaching
             return self.move_toward(scene, np.array([tip[0], tip[1], CLEAR_Z_M]), grip=1.0)
@@ -107,3 +117,37 @@ class Push(CubeToPadTask):
             z = CLEAR_Z_M if np.linalg.norm(tip[:2] - pre) > 0.03 else tip[2]
             return self.move_toward(scene, np.array([*pre, z]), grip=1.0)
         return self.move_toward(scene, np.array([*pre, PUSH_Z_M]), grip=1.0)
+
+    def _approach_around(self, scene: Scene, cube: np.ndarray, direction: np.ndarray, pre: np.ndarray,
+                         lateral: float) -> np.ndarray:
+        """approach="around": low, round the cube to the pre-push point. If the straight path to it passes within
+        AROUND_CLEARANCE_M of the cube's centre, the goal is the waypoint furthest round (on the tip's side of the
+        cube-pad line, at 45, 90 or 135 degrees from the push direction, AROUND_RADIUS_M out) that the tip can reach
+        in a clear straight line; none clear: straight away from the cube. Over the cube the tip keeps its height."""
+        tip = scene.tip_pos
+        p = tip[:2]
+
+        def clear(a: np.ndarray, b: np.ndarray) -> bool:
+            seg = b - a
+            t = float(np.clip(np.dot(cube - a, seg) / max(float(np.dot(seg, seg)), 1e-12), 0.0, 1.0))
+            return float(np.linalg.norm(a + t * seg - cube)) >= AROUND_CLEARANCE_M
+
+        goal = pre
+        if not clear(p, pre):
+            side = np.array([direction[1], -direction[0]]) * (1.0 if lateral >= 0 else -1.0)
+            goal = cube + _unit(p - cube) * AROUND_RADIUS_M
+            for ang in (3 * np.pi / 4, np.pi / 2, np.pi / 4):  # furthest round first
+                w = cube + AROUND_RADIUS_M * (np.cos(ang) * direction + np.sin(ang) * side)
+                if clear(p, w):
+                    goal = w
+                    break
+        z = tip[2] if np.linalg.norm(p - cube) < AROUND_CLEARANCE_M else PUSH_Z_M
+        return self.move_toward(scene, np.array([*goal, z]), grip=1.0)
+
+
+AROUND_CLEARANCE_M = 0.05
+"""approach="around": the fingertip's path keeps this far from the cube's centre (cube half-diagonal 2.8 cm plus the
+closed fingers' half-width, 1.4 cm, plus margin)"""
+AROUND_RADIUS_M = 0.08
+"""approach="around": waypoints this far from the cube's centre; consecutive ones (and the last one and the pre-push
+point 6 cm behind the cube) are joined by straight paths at least 5.9 cm from it"""

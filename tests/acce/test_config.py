@@ -63,6 +63,19 @@ def test_resolved_config_round_trips(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["env"]["tasks"] == ["track"]
 
 
+def test_task_params_take_numbers_and_words(tmp_path):
+    """env.task_params reaches the task's frozen config with each field's own type; a word where a number belongs is
+    one clear error naming the field."""
+    from sim.vector_env import task_config_from_params
+    cfg = load(overrides=["env.task_params={push: {approach: around, max_steps: 60, descent_funnel_m: 0.04}}"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load(tmp_path / "config.yaml") == cfg
+    push = task_config_from_params("push", cfg.env.task_params["push"])
+    assert (push.approach, push.max_steps, push.descent_funnel_m) == ("around", 60, 0.04)
+    with pytest.raises(ValueError, match="env.task_params.push.max_steps must be a number, got 'long'"):
+        task_config_from_params("push", {"max_steps": "long"})
+
+
 def test_override_values_are_yaml():
     assert parse_overrides(["a.b=[1, 2]", "c=true", "d=text"]) == [("a.b", [1, 2]), ("c", True), ("d", "text")]
 
