@@ -249,10 +249,17 @@ class Trainer:
             for upd in tail["updates"]:
                 self.metrics.scalars(upd, int(upd.get("learner/version", 0)))
             for ep in tail["episodes"]:
-                self.counters["imagined_episodes" if ep.get("source") == "imagined" else "episodes"] += 1
+                imagined = ep.get("source") == "imagined"
+                self.counters["imagined_episodes" if imagined else "episodes"] += 1
+                (recent_imagined if imagined else recent).append(ep)
             final_stats = runtime.stats()
             self.counters["env_steps"] = steps0 + final_stats["env_steps"]
             self.counters["imagined_steps"] = imagined0 + final_stats.get("imagined_steps", 0)
+            self.counters["wall_s"] = wall0 + time.time() - t_start
+            # one last progress point: episodes that finished since the last (time-gated) log, and the tail's,
+            # would otherwise never reach TensorBoard or the learning curve (a short run could log none at all)
+            self._log_progress(final_stats, recent[-200:], final_stats["learner_version"],
+                               self.counters["wall_s"] - wall0, recent_imagined[-200:])
             results = self.evaluate(runtime.policy_state(), final_stats["learner_version"], video=True)
             self.checkpoint(runtime)
         finally:
