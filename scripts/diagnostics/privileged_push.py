@@ -1,7 +1,9 @@
 """Diagnostic (BENCHMARKS.md, the main job): is push's bottleneck perception or control?
 
-    python scripts/diagnostics/privileged_push.py priv    # state = proprio (7) + named cube xy + named pad xy
-    python scripts/diagnostics/privileged_push.py plain   # the same run without them
+    python scripts/diagnostics/privileged_push.py priv       # state = proprio (7) + named cube xy + named pad xy
+    python scripts/diagnostics/privileged_push.py priv_pad   # proprio + the named pad's xy only (cube from pixels)
+    python scripts/diagnostics/privileged_push.py priv_cube  # proprio + the named cube's xy only (pad from pixels)
+    python scripts/diagnostics/privileged_push.py plain      # the same run without them
 
 Push alone: 500 demos, 1,500 BC steps, one DAgger round of 150 episodes; then evaluated on 50 test seeds per split.
 The runs go to runs/diag_priv and runs/diag_plain. Extra arguments are config overrides (e.g. run.seed=1).
@@ -14,11 +16,7 @@ import argparse
 
 import numpy as np
 
-PRIVILEGED_DIM = 4
-"""named cube xy + named pad xy, in metres"""
-
-
-def add_privileged_state() -> None:
+def add_privileged_state(cube: bool, pad: bool) -> None:
     import sim.env as senv
     from acce.store.episodes import EpisodeStore
 
@@ -26,22 +24,23 @@ def add_privileged_state() -> None:
 
     def with_positions(self) -> np.ndarray:
         task, scene = self.task, self.scene
-        extra = np.concatenate([scene.cube_pos(task.cube)[:2], scene.pad_pos(task.pad)[:2]])
+        extra = np.concatenate([scene.cube_pos(task.cube)[:2]] * cube + [scene.pad_pos(task.pad)[:2]] * pad)
         return np.concatenate([proprio(self), extra]).astype(np.float32)
 
     senv.TabletopEnv.proprio = with_positions
     create = EpisodeStore.open_or_create.__func__  # the demo store must hold the wider state too
     EpisodeStore.open_or_create = classmethod(
-        lambda cls, path, **kw: create(cls, path, **{**kw, "state_dim": kw["state_dim"] + PRIVILEGED_DIM}))
+        lambda cls, path, **kw: create(cls, path, **{**kw, "state_dim": kw["state_dim"] + 2 * (cube + pad)}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["priv", "plain"], help="priv: oracle object positions in the state")
+    parser.add_argument("mode", choices=["priv", "priv_pad", "priv_cube", "plain"],
+                        help="priv*: oracle object positions (metres) appended to the state")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
-    if args.mode == "priv":
-        add_privileged_state()
+    if args.mode != "plain":
+        add_privileged_state(cube=args.mode in ("priv", "priv_cube"), pad=args.mode in ("priv", "priv_pad"))
     from acce.config import load
     from acce.train import Trainer
     cfg = load("configs/default.yaml", [
