@@ -84,12 +84,12 @@ class MixedBatches:
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class ImaginationActor:
     def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, wm_store):
-        from acce.runtime.ray_runtime import _RemoteGate, _RemotePolicy
+        from acce.runtime.ray_clients import RemoteGate, RemotePolicy
         _threads(1)
         t = cfg.runtime.timeout_s
         self.queue, self.wm_store, self.timeout_s = queue, wm_store, t
-        self.worker = ImaginationWorker(make_env, _RemotePolicy(server, t), worker_id=worker_id,
-                                        gate=_RemoteGate(gate, t), **rollout_kwargs(cfg),
+        self.worker = ImaginationWorker(make_env, RemotePolicy(server, t), worker_id=worker_id,
+                                        gate=RemoteGate(gate, t), **rollout_kwargs(cfg),
                                         latency=make_latency(worker_id) if make_latency else None)
         self.stopped = False
         self.episodes: list[dict] = []

@@ -19,6 +19,7 @@ from ray.util.queue import Queue
 
 from acce.runtime.inference import InferenceServer
 from acce.runtime.queue import StalenessGate, SyncGate, put_until_stopped
+from acce.runtime.ray_clients import RemoteGate, RemotePolicy
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker
 
@@ -50,51 +51,6 @@ class ServerActor:
         return dict(self.server.stats)
 
 
-class _RemotePolicy:
-    """PolicyClient over a ServerActor handle (used inside worker actors)."""
-
-    def __init__(self, handle, timeout_s: float):
-        self.handle, self.timeout_s = handle, timeout_s
-
-    @property
-    def version(self) -> int:
-        return ray.get(self.handle.version.remote(), timeout=self.timeout_s)
-
-    def infer(self, batch: dict) -> dict:
-        return ray.get(self.handle.infer.remote(batch), timeout=self.timeout_s)
-
-    def submit(self, batch: dict) -> "_RayPending":
-        return _RayPending(self.handle.infer.remote(batch), self.timeout_s)
-
-
-class _RayPending:
-    """worker.Pending over an ObjectRef: a pipelined worker keeps stepping its other envs while this is in flight."""
-
-    def __init__(self, ref, timeout_s: float):
-        self.ref, self.timeout_s = ref, timeout_s
-
-    def done(self) -> bool:
-        return bool(ray.wait([self.ref], timeout=0)[0])
-
-    def wait(self, timeout_s: float | None) -> bool:
-        done = bool(ray.wait([self.ref], timeout=self.timeout_s if timeout_s is None else timeout_s)[0])
-        if timeout_s is None and not done:
-            raise TimeoutError(f"no inference result within runtime.timeout_s={self.timeout_s} s (is the inference "
-                               "server alive?)")
-        return done
-
-    def result(self) -> dict:
-        return ray.get(self.ref, timeout=self.timeout_s)
-
-
-class _RemoteGate:
-    def __init__(self, handle, timeout_s: float):
-        self.handle, self.timeout_s = handle, timeout_s
-
-    def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
-        return ray.get(self.handle.try_acquire.remote(worker_id, env_index, version), timeout=self.timeout_s)
-
-
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class WorkerActor:
     def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, task_by_id: dict):
@@ -102,12 +58,12 @@ class WorkerActor:
         r, lc = cfg.rollout, cfg.learner
         self.cfg, self.queue, self.task_by_id = cfg, queue, task_by_id
         env = make_env(worker_id)
-        self.worker = RolloutWorker(env, _RemotePolicy(server, cfg.runtime.timeout_s), worker_id=worker_id,
+        self.worker = RolloutWorker(env, RemotePolicy(server, cfg.runtime.timeout_s), worker_id=worker_id,
                                     segment_len=r.segment_len, chunk_len=cfg.policy.chunk_len,
                                     exec_horizon=r.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                                     gamma=lc.gamma, delay_aware=lc.delay_correction,
                                     latency=make_latency(worker_id) if make_latency else None,
-                                    gate=_RemoteGate(gate, cfg.runtime.timeout_s), pipelined=True)
+                                    gate=RemoteGate(gate, cfg.runtime.timeout_s), pipelined=True)
         self.stopped = False
         self.episodes: list[dict] = []
         self.idle_s = 0.0
