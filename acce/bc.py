@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Episode
+from acce.types import AUX_KEY, INSTRUCTION_KEY, TASK_ID_KEY, Episode
 
 
 class DemoDataset:
     """Every step of every episode as one BC decision. `labels` (one (T, A) array per episode) replaces the
-    executed actions as targets (DAgger: the expert's labels of the states the policy visited)."""
+    executed actions as targets (DAgger: the expert's labels of the states the policy visited).
+
+    When the episodes carry privileged aux labels (obs["aux"], all or none of them), batches hold them standardized
+    by the first episodes' mean and std (fixed afterwards, so a target's scale never drifts between phases)."""
 
     def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int,
                  labels: list[np.ndarray] | None = None):
@@ -25,16 +28,30 @@ class DemoDataset:
         self.task_ids: list[int] = []
         self.targets = np.zeros((0, chunk_len, action_dim), np.float32)
         self.masks = np.zeros((0, chunk_len), bool)
+        self.aux_mean: np.ndarray | None = None
+        self.aux_std: np.ndarray | None = None
         self.extend(episodes, labels)
         if not len(self):
             raise ValueError("no demonstration steps to clone; record some episodes first (bc.episodes > 0)")
+        if AUX_KEY in self.obs_arrays:
+            aux = self.obs_arrays[AUX_KEY]
+            self.aux_mean, self.aux_std = aux.mean(0), np.maximum(aux.std(0), 1e-3)
+
+    @property
+    def aux_dim(self) -> int:
+        """P of the privileged aux labels (0 when the episodes have none)"""
+        return int(self.obs_arrays[AUX_KEY].shape[1]) if AUX_KEY in self.obs_arrays else 0
 
     def extend(self, episodes: list[Episode], labels: list[np.ndarray] | None = None) -> None:
         if labels is not None and len(labels) != len(episodes):
             raise ValueError(f"got {len(labels)} label arrays for {len(episodes)} episodes")
         obs: dict[str, list[np.ndarray]] = {}
         targets, masks = [], []
+        keys = set(self.obs_arrays) or (set(episodes[0].obs) if episodes else set())
         for k, ep in enumerate(episodes):
+            if set(ep.obs) != keys:
+                raise ValueError(f"episode {ep.episode_id} has obs keys {sorted(ep.obs)}, the others {sorted(keys)}; "
+                                 "clone episodes recorded the same way (all with aux labels or none)")
             t_len = ep.num_steps
             acts = ep.action if labels is None else labels[k]
             if acts.shape != (t_len, self.A):
@@ -63,6 +80,8 @@ class DemoDataset:
 
     def batch(self, idx: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
         inputs: dict[str, Any] = {k: v[idx] for k, v in self.obs_arrays.items()}
+        if AUX_KEY in inputs:
+            inputs[AUX_KEY] = ((inputs[AUX_KEY] - self.aux_mean) / self.aux_std).astype(np.float32)
         inputs[INSTRUCTION_KEY] = [self.instructions[i] for i in idx]
         inputs[TASK_ID_KEY] = np.asarray(self.task_ids, np.int64)[idx]
         inputs["prefix"] = np.zeros((len(idx), self.D, self.A), np.float32)
@@ -71,14 +90,16 @@ class DemoDataset:
 
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
-             metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0) -> list[float]:
-    """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0."""
+             metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0,
+             aux_coef: float = 0.0) -> list[float]:
+    """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0. With
+    aux_coef > 0 the policy's aux head also learns the data's privileged aux labels. Returns the action losses."""
     import math
 
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
-    losses = []
+    losses, aux_losses = [], []
     bar = tqdm(range(steps), desc="bc warm start", unit="step", disable=not progress, dynamic_ncols=True)
     base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
     for step in bar:
@@ -86,9 +107,14 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
             for group, base in zip(learner.optimizer.param_groups, base_lrs):
                 group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * step / steps))
         inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
-        losses.append(learner.bc_step(inputs, target, mask, augment_px))
+        loss, aux_loss = learner.bc_step(inputs, target, mask, augment_px, aux_coef)
+        losses.append(loss)
+        aux_losses.append(aux_loss)
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+            shown = {"loss": float(np.mean(losses[-20:]))}
+            if aux_coef > 0:
+                shown["aux_loss"] = float(np.mean(aux_losses[-20:]))
+            bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
             if metrics is not None:
-                metrics.scalars({"bc/loss": float(np.mean(losses[-20:]))}, step_offset + step)
+                metrics.scalars({f"bc/{k}": v for k, v in shown.items()}, step_offset + step)
     return losses

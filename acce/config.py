@@ -237,10 +237,17 @@ class BCConfig:
     expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
     dagger_episodes: int = 300
     """policy episodes per DAgger round, split over env.tasks"""
+    aux_loss_coef: float = 0.0
+    """weight of the perception auxiliary loss (0 = off): demos and DAgger rollouts record the simulator's
+    privileged positions of the instruction's object and goal (obs["aux"]), and an aux head on the trunk's action
+    query regresses them (standardized) during cloning. They are targets only, never inputs, so the policy still
+    acts from pixels; it makes the encoder localize what the instruction names"""
 
     def __post_init__(self) -> None:
         if self.dagger_rounds < 0 or self.dagger_episodes < 0:
             raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
+        if not self.aux_loss_coef >= 0:
+            raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
         if self.lr_schedule not in ("cosine", "constant"):
             raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
 

@@ -24,7 +24,7 @@ TASK_BY_ID = dict(enumerate(sorted(KNOWN_TASKS)))
 """task ids are positions in the sorted registry (sim.tasks.task_id)"""
 
 
-def build_policy(cfg: Config, states: np.ndarray):
+def build_policy(cfg: Config, states: np.ndarray, aux_dim: int = 0):
     import torch
 
     from acce.policy.norm import NormStats
@@ -32,7 +32,7 @@ def build_policy(cfg: Config, states: np.ndarray):
     torch.manual_seed(cfg.run.seed)
     norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": 4, "range": [-1, 1],
                                                       "max_step_m": 0.03, "control_hz": 10.0})
-    return VLAPolicy(cfg.policy, states.shape[1], 4, norm, cameras=cfg.env.cameras)
+    return VLAPolicy(cfg.policy, states.shape[1], 4, norm, cameras=cfg.env.cameras, aux_dim=aux_dim)
 
 
 def _env_states(cfg: Config, steps: int = 200) -> np.ndarray:
@@ -56,24 +56,26 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     from acce.config import CollectConfig
     from acce.runtime.learner import Learner
     from acce.store.episodes import EpisodeStore
-    from acce.wiring import make_sim_env
+    from acce.wiring import make_sim_env, sim_aux_dim
 
     demo_path = run_dir / "demos.zarr"
+    aux = cfg.bc.aux_loss_coef > 0  # the demos then carry the privileged aux labels (targets, never inputs)
     store = EpisodeStore.open_or_create(demo_path, image_shapes={c: (cfg.env.image_size, cfg.env.image_size)
                                                                  for c in cfg.env.cameras},
-                                        state_dim=7, action_dim=4, control_hz=10.0)
+                                        state_dim=7, action_dim=4, control_hz=10.0, aux_dim=sim_aux_dim() if aux else 0)
     missing = cfg.bc.episodes - len(store)
 
     def make_env(tasks, num_envs, **kw):
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks},
+                            aux_labels=aux, **kw)
     if missing > 0:
         ccfg = CollectConfig(tasks=cfg.env.tasks, episodes=missing, noise_std=cfg.bc.noise_std, noisy_fraction=0.5,
                              num_envs=cfg.env.num_envs, out=str(demo_path))
         summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
-    policy = build_policy(cfg, data.states)
+    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim)
     learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds
@@ -86,7 +88,7 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
         learner.reset_optimizer(cfg.bc.lr)
         losses += bc_train(learner, data, steps, cfg.bc.batch_size, seed=cfg.run.seed + r, progress=progress,
                            metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule,
-                           step_offset=len(losses))
+                           step_offset=len(losses), aux_coef=cfg.bc.aux_loss_coef)
         if r < rounds:
             from acce.dagger import dagger_rollouts
             episodes, labels, success = dagger_rollouts(

@@ -19,6 +19,10 @@ INSTRUCTION_KEY = "instruction"
 """natural-language instruction (str)"""
 TASK_ID_KEY = "task_id"
 """integer id of the task in the registry, int64; episode stores keep it beside the instruction string"""
+AUX_KEY = "aux"
+"""optional privileged training labels, float32 (P,): where the instruction's object and goal are (sim only, and
+only when an env is built with aux_labels=True). Supervision for the BC perception auxiliary loss; policies never
+read it as an input, and robots and world models never produce it (DESIGN.md §3 departure, docs/decisions.md)"""
 
 SOURCES = ("sim", "imagined", "real", "demo")
 """where a decision came from (DESIGN.md §6)"""

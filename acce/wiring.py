@@ -10,14 +10,21 @@ TEST_SEED_START = 1_000_000
 
 def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_split: str = "train", seed: int = 0,
                  image_size: int = 64, cameras=("front",), task_params: dict | None = None,
-                 task_sampler=None, episode_seeds=None) -> Any:
+                 task_sampler=None, episode_seeds=None, aux_labels: bool = False) -> Any:
     from sim.task import TEST_SEEDS, TRAIN_SEEDS
     from sim.vector_env import SimVectorEnv, task_config_from_params
 
     configs = {t: task_config_from_params(t, p) for t, p in (task_params or {}).items()}
     return SimVectorEnv(tuple(tasks), num_envs, image_size=image_size, cameras=tuple(cameras),
                         instruction_split=instruction_split, seed_range=TEST_SEEDS if seeds == "test" else TRAIN_SEEDS,
-                        seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds)
+                        seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds,
+                        aux_labels=aux_labels)
+
+
+def sim_aux_dim() -> int:
+    """Width of the sim's privileged aux labels (obs["aux"] with aux_labels=True)."""
+    from sim.task import AUX_DIM
+    return AUX_DIM
 
 
 def task_table() -> list[dict]:

@@ -12,9 +12,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from acce.types import INSTRUCTION_KEY, STATE_KEY
+from acce.types import AUX_KEY, INSTRUCTION_KEY, STATE_KEY
 from sim.scene import WORKSPACE_HIGH, WORKSPACE_LOW, Scene
-from sim.task import INSTRUCTION_SPLITS, Task, TaskConfig
+from sim.task import AUX_DIM, INSTRUCTION_SPLITS, Task, TaskConfig
 
 STATE_DIM = 7
 """fingertip position (3, m), fingertip velocity (3, m/s), finger opening (1, 0 closed .. 1 open)"""
@@ -36,7 +36,10 @@ class TabletopEnv(gym.Env):
 
     def __init__(self, task: str | Task = "reach", image_size: int = 64, cameras: tuple[str, ...] = ("front",),
                  instruction_split: str = "train", task_config: TaskConfig | None = None,
-                 max_episode_steps: int | None = None, render_mode: str | None = "rgb_array"):
+                 max_episode_steps: int | None = None, render_mode: str | None = "rgb_array",
+                 aux_labels: bool = False):
+        """aux_labels: also put the task's privileged aux targets in obs["aux"] (BC supervision only; off for
+        everything a policy acts on, and no robot has them)."""
         if instruction_split not in INSTRUCTION_SPLITS:
             raise ValueError(f"instruction_split must be one of {INSTRUCTION_SPLITS}, got {instruction_split!r}")
         if isinstance(task, str):
@@ -51,6 +54,7 @@ class TabletopEnv(gym.Env):
         self.cameras = tuple(cameras)
         self.instruction_split = instruction_split
         self.render_mode = render_mode
+        self.aux_labels = bool(aux_labels)
         cfg = task.config
         self.control_hz = float(cfg.control_hz)
         self.max_episode_steps = int(max_episode_steps or cfg.max_steps)
@@ -61,6 +65,8 @@ class TabletopEnv(gym.Env):
             f"image/{c}": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8) for c in self.cameras}
         obs_spaces[STATE_KEY] = spaces.Box(-10.0, 10.0, (STATE_DIM,), np.float32)  # m, m/s, [0, 1]: far inside
         obs_spaces[INSTRUCTION_KEY] = spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET)
+        if self.aux_labels:
+            obs_spaces[AUX_KEY] = spaces.Box(-10.0, 10.0, (AUX_DIM,), np.float32)
         self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.instruction = ""
@@ -117,6 +123,8 @@ class TabletopEnv(gym.Env):
         obs: dict[str, Any] = {f"image/{c}": self.scene.render(c) for c in self.cameras}
         obs[STATE_KEY] = self.proprio()
         obs[INSTRUCTION_KEY] = self.instruction
+        if self.aux_labels:
+            obs[AUX_KEY] = self.task.aux_targets(self.scene)
         return obs
 
     def proprio(self) -> np.ndarray:

@@ -21,6 +21,8 @@ TRAIN_SEEDS = range(0, 1_000_000)
 TEST_SEEDS = range(1_000_000, 1_100_000)
 """episode seeds reserved for evaluation; disjoint from TRAIN_SEEDS so evaluation never leaks into training"""
 INSTRUCTION_SPLITS = ("train", "heldout")
+AUX_DIM = 4
+"""privileged auxiliary labels per frame (Task.aux_targets): the named object's table xy, then the goal's (m)"""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,13 @@ class Task(ABC):
     def expert_action(self, scene: Scene) -> np.ndarray:
         """(4,) action in [-1, 1] from privileged state: (dx, dy, dz) tip motion, gripper (+1 close, -1 open)."""
 
+    @abstractmethod
+    def aux_targets(self, scene: Scene) -> np.ndarray:
+        """(AUX_DIM,) float32 privileged labels: the instruction's object xy, then its goal xy (m, table frame).
+
+        Training-only supervision for a perception auxiliary loss (bc.aux_loss_coef): the simulator knows where
+        things are, a robot does not, so these never enter the policy's inputs."""
+
     # --- helpers shared by the tasks ---------------------------------------------------------------------------
     def move_toward(self, scene: Scene, goal: np.ndarray, grip: float) -> np.ndarray:
         """Proportional Cartesian action toward a fingertip goal, saturated at one max step."""
@@ -129,6 +138,9 @@ class CubeToPadTask(Task):
         start = np.array([*rng.uniform(-0.15, 0.15, size=2), rng.uniform(0.1, 0.18)])
         scene.place_gripper(start, opening01=opening01)
         return {"cube": self.cube, "pad": self.pad}
+
+    def aux_targets(self, scene: Scene) -> np.ndarray:
+        return np.concatenate([scene.cube_pos(self.cube)[:2], scene.pad_pos(self.pad)[:2]]).astype(np.float32)
 
     def cube_to_pad(self, scene: Scene) -> float:
         return float(np.linalg.norm(scene.cube_pos(self.cube)[:2] - scene.pad_pos(self.pad)[:2]))

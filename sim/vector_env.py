@@ -20,13 +20,17 @@ TaskSampler = Callable[[np.random.Generator], str]
 
 
 def make_single_env(task: str, *, image_size: int = 64, cameras: tuple[str, ...] = ("front",),
-                    instruction_split: str = "train", task_config: TaskConfig | None = None):
+                    instruction_split: str = "train", task_config: TaskConfig | None = None,
+                    aux_labels: bool = False):
     """A tabletop task by name, or a Meta-World v3 task as "metaworld/<name>-v3" (same env contract)."""
     if task.startswith("metaworld/"):
+        if aux_labels:
+            raise ValueError(f"{task} has no privileged aux labels (obs['aux']); set bc.aux_loss_coef=0 for "
+                             "Meta-World tasks")
         from sim.metaworld_env import make_metaworld_env  # lazy: Meta-World is heavy to import
         return make_metaworld_env(task, image_size=image_size)
     return TabletopEnv(task, image_size=image_size, cameras=cameras, instruction_split=instruction_split,
-                       task_config=task_config)
+                       task_config=task_config, aux_labels=aux_labels)
 
 
 def task_config_from_params(task: str, params: dict[str, float]) -> TaskConfig:
@@ -69,7 +73,8 @@ class SimVectorEnv:
     def __init__(self, tasks: Sequence[str], num_envs: int, *, image_size: int = 64,
                  cameras: tuple[str, ...] = ("front",), instruction_split: str = "train",
                  seed_range: range = TRAIN_SEEDS, seed: int = 0, task_configs: dict[str, TaskConfig] | None = None,
-                 task_sampler: TaskSampler | None = None, episode_seeds: Iterator[int] | None = None):
+                 task_sampler: TaskSampler | None = None, episode_seeds: Iterator[int] | None = None,
+                 aux_labels: bool = False):
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
         if not tasks:
@@ -83,6 +88,7 @@ class SimVectorEnv:
         self.task_configs = dict(task_configs or {})
         self.task_sampler = task_sampler
         self.episode_seeds = episode_seeds
+        self.aux_labels = aux_labels
         self.rng = np.random.default_rng(seed)
         self.action_dim, self.state_dim = ACTION_DIM, STATE_DIM
         self._envs: list[dict[str, TabletopEnv]] = [{} for _ in range(num_envs)]
@@ -100,7 +106,8 @@ class SimVectorEnv:
         if task not in self._envs[i]:
             self._envs[i][task] = make_single_env(task, image_size=self.image_size, cameras=self.camera_names,
                                                   instruction_split=self.instruction_split,
-                                                  task_config=self.task_configs.get(task))
+                                                  task_config=self.task_configs.get(task),
+                                                  aux_labels=self.aux_labels)
         return self._envs[i][task]
 
     def _next_seed(self) -> int:

@@ -52,6 +52,9 @@ class PolicyConfig:
     """spatial-softmax keypoints per camera (0 = off): a 1x1 conv turns the feature map of ResNet stage
     `keypoint_stage` into this many heatmaps, each reduced to its expected (x, y) image position and fed to the
     trunk as one extra token. Sub-cell object positions from few demos (Levine et al. 2016); resnet only"""
+    keypoint_language: bool = True
+    """FiLM the keypoint stage's features by the instruction before the heatmaps, so a keypoint can be "the object
+    the instruction names" rather than a fixed feature"""
     keypoint_stage: int = 0
     """which ResNet stage's output the keypoints read (0 = first stage, the highest resolution: 16x16 at 64 px)"""
     trunk_width: int = 64
@@ -62,6 +65,20 @@ class PolicyConfig:
     """attention heads of the fusion trunk; must divide trunk_width"""
     trunk_mlp_ratio: int = 2
     """feed-forward width of the trunk as a multiple of trunk_width"""
+    mean_hidden: int = 0
+    """hidden width of an MLP action-mean head on the action query's trunk output (0 = one linear layer)"""
+    aux_from: str = "trunk"
+    """what the perception auxiliary head reads: 'trunk' (the action query's output at trunk layer aux_layer) or
+    'keypoints' (the spatial-softmax keypoints, needs keypoints > 0: positions then come from an explicit, translation-
+    equivariant image-coordinate bottleneck, and reach the trunk as keypoint tokens)"""
+    aux_input: bool = False
+    """also feed the aux head's prediction (the predicted, standardized object/goal positions) into the state token
+    beside the proprioception, the way the oracle diagnostic fed true positions; needs aux_from=keypoints (the
+    prediction is then a function of the image and instruction alone, computed before the trunk)"""
+    aux_layer: int = -1
+    """which trunk layer's output (at the action query) the perception auxiliary head reads when the policy has
+    aux targets (bc.aux_loss_coef > 0); -1 = the last layer. An earlier layer leaves the later ones to turn the
+    predicted positions into actions"""
     value_stop_gradient: bool = True
     """the value head reads the trunk through a stop-gradient, so critic regression cannot rewrite the features the
     actor uses. Measured with a shared trunk: the critic's gradient (norm ~25 vs a clip of 1) dominated every RL
@@ -107,6 +124,17 @@ class PolicyConfig:
         if min(self.trunk_layers, self.vit_layers, self.vit_patch_size, self.image_grid, self.trunk_mlp_ratio) <= 0:
             raise ConfigError("policy.trunk_layers, vit_layers, vit_patch_size, image_grid and trunk_mlp_ratio must "
                               "be positive")
+        if not -self.trunk_layers <= self.aux_layer < self.trunk_layers:
+            raise ConfigError(f"policy.aux_layer must index a trunk layer, {-self.trunk_layers}..{self.trunk_layers - 1}"
+                              f", got {self.aux_layer}")
+        if self.aux_from not in ("trunk", "keypoints"):
+            raise ConfigError(f"policy.aux_from must be 'trunk' or 'keypoints', got {self.aux_from!r}")
+        if self.aux_from == "keypoints" and self.keypoints == 0:
+            raise ConfigError("policy.aux_from=keypoints needs policy.keypoints > 0 (e.g. policy.keypoints=4)")
+        if self.aux_input and self.aux_from != "keypoints":
+            raise ConfigError("policy.aux_input needs policy.aux_from=keypoints (the trunk cannot feed its own input)")
+        if self.mean_hidden < 0:
+            raise ConfigError(f"policy.mean_hidden must be >= 0 (0 = linear head), got {self.mean_hidden}")
         if self.value_hidden <= 0:
             raise ConfigError(f"policy.value_hidden must be positive, got {self.value_hidden}")
         if self.vision_norm not in ("group", "frozen_batch"):

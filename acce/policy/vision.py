@@ -116,7 +116,15 @@ class VisionEncoder(nn.Module):
                 module.eval()
         return self
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def keypoint_channels(self) -> int:
+        """channels of the feature map the keypoints read (what a keypoint FiLM modulates)"""
+        return int(self.keypoints.heat.in_channels) if self.keypoints is not None else 0
+
+    def forward(self, images: torch.Tensor, keypoint_film: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """keypoint_film: (gamma, beta), each (N, keypoint_channels), modulate the keypoint stage's features per
+        image before the heatmaps (instruction-conditioned keypoints: "where is the red cube")."""
         x = images.permute(0, 3, 1, 2).float().div_(255.0)  # (N, 3, H, W) in [0, 1]
         x = (x - self.pixel_mean) / self.pixel_std
         points = None
@@ -124,7 +132,11 @@ class VisionEncoder(nn.Module):
             out = self.backbone(pixel_values=x, output_hidden_states=self.keypoints is not None)
             fmap = out.last_hidden_state  # (N, C, h, w)
             if self.keypoints is not None:  # hidden_states = (stem output, stage 0, stage 1, ...)
-                points = self.keypoints(out.hidden_states[self.keypoint_stage + 1])
+                kmap = out.hidden_states[self.keypoint_stage + 1]
+                if keypoint_film is not None:
+                    gamma, beta = keypoint_film
+                    kmap = kmap * (1.0 + gamma[:, :, None, None]) + beta[:, :, None, None]
+                points = self.keypoints(kmap)
         else:
             size = self.backbone.config.image_size
             interpolate = tuple(x.shape[-2:]) != (size, size)  # other resolutions: resample position embeddings

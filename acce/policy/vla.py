@@ -57,15 +57,19 @@ class VLAPolicy(nn.Module):
     """Images + instruction embedding + proprioception (+ committed prefix, delay) -> chunk mean, log-std, value."""
 
     def __init__(self, config: PolicyConfig, state_dim: int, action_dim: int, norm: NormStats | None,
-                 cameras: Sequence[str] = ("front",), *, vision_config: dict[str, Any] | None = None) -> None:
+                 cameras: Sequence[str] = ("front",), *, vision_config: dict[str, Any] | None = None,
+                 aux_dim: int = 0) -> None:
         """`cameras`: names of the image/<camera> keys the policy reads. `vision_config`: the backbone's stored
-        transformers config (checkpoints pass it so no pretrained folder is needed to rebuild the network)."""
+        transformers config (checkpoints pass it so no pretrained folder is needed to rebuild the network).
+        `aux_dim`: width of the perception auxiliary head (privileged object/goal positions, BC only; 0 = none)."""
         super().__init__()
         if not isinstance(config, PolicyConfig):
             raise ValueError(f"VLAPolicy needs a PolicyConfig, got {type(config).__name__}")
         if not isinstance(norm, NormStats):
             raise ValueError("VLAPolicy needs normalization statistics (NormStats); compute them with "
                              "NormStats.from_states(states) from the demonstration/episode store")
+        if aux_dim < 0:
+            raise ValueError(f"aux_dim must be >= 0, got {aux_dim}")
         if state_dim <= 0 or action_dim <= 0:
             raise ValueError(f"state_dim and action_dim must be positive, got {state_dim} and {action_dim}")
         if norm.state_dim != state_dim:
@@ -81,6 +85,7 @@ class VLAPolicy(nn.Module):
             raise ValueError(f"cameras must be a non-empty list of distinct names, got {list(cameras)}")
         self.config = config
         self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
+        self.aux_dim = int(aux_dim)
         self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
         self.image_keys = tuple(IMAGE_PREFIX + c for c in self.cameras)
         self._language: LanguageEncoder | None = None
@@ -96,6 +101,11 @@ class VLAPolicy(nn.Module):
             self.keypoint_proj = nn.Linear(2, width)
             self.keypoint_embed = nn.Parameter(torch.randn(config.keypoints, width) * 0.02)
         self.lang_proj = nn.Linear(config.lang_dim, width)
+        if config.keypoints > 0 and config.keypoint_language:
+            self.keypoint_film = nn.Sequential(nn.LayerNorm(config.lang_dim),
+                                               nn.Linear(config.lang_dim, 2 * self.vision.keypoint_channels))
+            nn.init.normal_(self.keypoint_film[1].weight, std=1e-3)
+            nn.init.zeros_(self.keypoint_film[1].bias)
         # FiLM of every image token by the instruction (as RT-1 conditions its image encoder): measured without it,
         # the trunk ignored the single language token entirely (BC validation loss identical with the cube colour
         # swapped in the instruction), so "touch the red cube" and "touch the blue cube" gave the same action.
@@ -103,18 +113,27 @@ class VLAPolicy(nn.Module):
         # near-identity start (small, not zero: a zero matrix would stop every gradient to the LayerNorm)
         nn.init.normal_(self.lang_film[1].weight, std=1e-3)
         nn.init.zeros_(self.lang_film[1].bias)
-        self.state_proj = nn.Linear(state_dim, width)
+        if config.aux_input and not self.aux_dim:
+            raise ValueError("policy.aux_input needs a policy with aux targets (aux_dim > 0; set bc.aux_loss_coef > 0)")
+        self.state_proj = nn.Linear(state_dim + (self.aux_dim if config.aux_input else 0), width)
         self.queries = nn.Parameter(torch.randn(2, width) * 0.02)  # (action, value)
         if m > 0:
             self.delay_embed = nn.Embedding(m, width)  # row d-1 for delay d >= 1; d = 0 is masked out anyway
             self.prefix_proj = nn.Linear(action_dim, width)
         self.trunk = self._build_trunk(config, self.num_tokens)
-        self.mean_head = nn.Linear(width, horizon * action_dim)
+        out = horizon * action_dim
+        self.mean_head = (nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.mean_hidden), nn.GELU(),
+                                        nn.Linear(config.mean_hidden, out)) if config.mean_hidden else nn.Linear(width, out))
+        if self.aux_dim:  # predicts the standardized aux targets; trained by BC only (never an input)
+            self.aux_head = (nn.Linear(width, self.aux_dim) if config.aux_from == "trunk" else nn.Sequential(
+                nn.Linear(2 * config.keypoints * len(self.cameras), config.value_hidden), nn.GELU(),
+                nn.Linear(config.value_hidden, self.aux_dim)))
         self.value_head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.value_hidden), nn.GELU(),
                                         nn.Linear(config.value_hidden, 1))
         # Near-zero initial mean: the first policy explores around "do nothing" instead of a random bias.
-        nn.init.normal_(self.mean_head.weight, std=0.01)
-        nn.init.zeros_(self.mean_head.bias)
+        last = self.mean_head[-1] if config.mean_hidden else self.mean_head
+        nn.init.normal_(last.weight, std=0.01)
+        nn.init.zeros_(last.bias)
         self.log_std = nn.Parameter(torch.full((horizon, action_dim), float(config.init_log_std)))
         # Derived from `norm`, which policy_state() stores on its own: one source of truth, so not persistent.
         self.register_buffer("state_mean", torch.from_numpy(norm.state_mean.copy()), persistent=False)
@@ -222,18 +241,29 @@ class VLAPolicy(nn.Module):
         return out
 
     # --- network --------------------------------------------------------------------------------------------
-    def forward(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """batch -> (mean (B, H, A), log_std (H, A) clamped, value (B,))."""
+    def forward(self, batch: Mapping[str, Any], return_aux: bool = False) -> tuple[torch.Tensor, ...]:
+        """batch -> (mean (B, H, A), log_std (H, A) clamped, value (B,)), plus the aux head's prediction (B, P) when
+        return_aux (the policy must have been built with aux_dim > 0)."""
+        if return_aux and not self.aux_dim:
+            raise ValueError("this policy has no aux head (aux_dim=0); build it with aux_dim > 0 to predict aux targets")
         x = self._inputs(batch)
         b, cams, grid = x[STATE_KEY].shape[0], len(self.image_keys), self.config.image_grid
         images = torch.cat([x[k] for k in self.image_keys]) if cams > 1 else x[self.image_keys[0]]  # (C*B, H, W, 3)
-        grid_feats, points = self.vision(images)
+        film = None
+        if self.config.keypoints > 0 and self.config.keypoint_language:  # one (gamma, beta) per image, camera-major
+            film = self.keypoint_film(x[LANG_KEY]).repeat(cams, 1).chunk(2, dim=-1)
+        grid_feats, points = self.vision(images, film)
         feats = self.image_proj(grid_feats) + (self.grid_row + self.grid_col).reshape(grid * grid, -1)  # (C*B, G*G, W)
         if points is not None:  # (C*B, K, 2) -> K more tokens per camera
             feats = torch.cat([feats, self.keypoint_proj(points) + self.keypoint_embed], 1)
         per_cam = self.config.image_tokens_per_camera
         image_tokens = feats.reshape(cams, b, per_cam, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
         state = (x[STATE_KEY] - self.state_mean) / self.state_std  # (B, S) normalized
+        aux = None
+        if self.aux_dim and self.config.aux_from == "keypoints" and (return_aux or self.config.aux_input):
+            aux = self.aux_head(points.reshape(cams, b, -1).transpose(0, 1).reshape(b, -1))  # (B, P) standardized
+            if self.config.aux_input:
+                state = torch.cat([state, aux], dim=-1)
         gamma, beta = self.lang_film(x[LANG_KEY]).chunk(2, dim=-1)  # (B, W) each
         image_tokens = image_tokens * (1.0 + gamma[:, None]) + beta[:, None]
         parts = [image_tokens, self.lang_proj(x[LANG_KEY])[:, None], self.state_proj(state)[:, None],
@@ -245,12 +275,20 @@ class VLAPolicy(nn.Module):
             m = self.config.max_delay_steps
             mask[:, -m - 1] = (delay > 0).long()  # the delay token
             mask[:, -m:] = (torch.arange(m, device=self.device)[None] < delay[:, None]).long()  # first d prefix rows
-        hidden = self.trunk(inputs_embeds=torch.cat(parts, 1), attention_mask=mask).last_hidden_state  # (B, T, W)
+        layers = self.config.aux_layer  # hidden_states = (embeddings, layer 0, layer 1, ...)
+        trunk_out = self.trunk(inputs_embeds=torch.cat(parts, 1), attention_mask=mask,
+                               output_hidden_states=return_aux and layers != -1 and self.config.aux_from == "trunk")
+        hidden = trunk_out.last_hidden_state  # (B, T, W)
         query = self.num_image_tokens + 2
         mean = self.mean_head(hidden[:, query]).view(b, self.config.chunk_len, self.action_dim)  # (B, H, A)
         value_in = hidden[:, query + 1]
         value = self.value_head(value_in.detach() if self.config.value_stop_gradient else value_in).squeeze(-1)
         log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)
+        if return_aux:
+            if aux is None:  # aux_from == "trunk"
+                aux = self.aux_head((hidden if layers == -1 else trunk_out.hidden_states[
+                    layers + 1 if layers >= 0 else layers])[:, query])
+            return mean, log_std, value, aux
         return mean, log_std, value
 
     @torch.no_grad()
@@ -325,6 +363,7 @@ class VLAPolicy(nn.Module):
     def policy_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this policy offline: plain dict for torch.save / checkpoints."""
         return {"config": dataclasses.asdict(self.config), "state_dim": self.state_dim, "action_dim": self.action_dim,
+                "aux_dim": self.aux_dim,
                 "cameras": list(self.cameras), "norm": self.norm.to_dict(),
                 "vision_config": self.vision.backbone_config(),
                 "state_dict": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}}
@@ -349,7 +388,8 @@ class VLAPolicy(nn.Module):
         config = PolicyConfig(**state["config"])
         with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
             policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
-                         tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"))
+                         tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"),
+                         aux_dim=int(state.get("aux_dim", 0)))
         problem = _state_dict_mismatch(policy.state_dict(), state["state_dict"])
         if problem:
             raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")

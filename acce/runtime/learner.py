@@ -17,7 +17,7 @@ import torch
 from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gaussian_kl, gipo_loss, value_loss
 from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
-from acce.types import INSTRUCTION_KEY, TASK_ID_KEY, Segment
+from acce.types import AUX_KEY, INSTRUCTION_KEY, TASK_ID_KEY, Segment
 
 
 def collate(segments: Sequence[Segment]) -> dict[str, Any]:
@@ -259,15 +259,23 @@ class Learner:
         return metrics
 
     # --- behavior cloning warm start ----------------------------------------------------------------------------
-    def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray, augment_px: int = 0) -> float:
-        """One supervised step: chunk means regress the demonstrated actions (positions where mask)."""
+    def bc_step(self, inputs: dict[str, Any], target: np.ndarray, mask: np.ndarray, augment_px: int = 0,
+                aux_coef: float = 0.0) -> tuple[float, float]:
+        """One supervised step: chunk means regress the demonstrated actions (positions where mask); with aux_coef
+        > 0, the aux head also regresses inputs["aux"] (standardized privileged targets), weighted by aux_coef.
+        Returns (action loss, aux loss; nan without aux)."""
         self.policy.train()
         inputs = augment_batch(inputs, augment_px, self.rng)
-        mean, _, _ = self.policy(self.policy.with_lang(inputs))
+        use_aux = aux_coef > 0.0
+        if use_aux and AUX_KEY not in inputs:
+            raise ValueError("bc aux_coef > 0 but the batch has no 'aux' targets; record the demos with aux labels")
+        out = self.policy(self.policy.with_lang(inputs), return_aux=use_aux)
+        mean = out[0]
         m = torch.as_tensor(mask)[..., None].float()
         loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)
+        aux_loss = ((out[3] - torch.as_tensor(inputs[AUX_KEY], device=mean.device)) ** 2).mean() if use_aux else None
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if aux_loss is None else loss + aux_coef * aux_loss).backward()
         self._clip_gradients()
         self.optimizer.step()
-        return float(loss.detach())
+        return float(loss.detach()), float("nan") if aux_loss is None else float(aux_loss.detach())

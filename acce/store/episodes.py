@@ -6,6 +6,7 @@ On-disk layout (one directory)::
                                    "num_episodes": N, "num_frames": F}   <- N and F are the commit point
     <path>/frames/image/<camera>   (F', H, W, 3) uint8, chunks (64, H, W, 3)
     <path>/frames/state            (F', S) float32
+    <path>/frames/aux              (F', P) float32, only when schema.aux_dim = P > 0 (privileged sim labels)
     <path>/frames/timestamp_s      (F',) float64
     <path>/frames/action           (F', A) float32
     <path>/frames/{reward (float32), terminated, truncated, success, policy_sampled (bool),
@@ -42,7 +43,7 @@ import numpy as np
 import zarr
 
 from acce.store.schema import EPISODE_NUMBERS, EPISODE_STRINGS, TRANSITION_FIELDS, StoreSchema
-from acce.types import IMAGE_PREFIX, STATE_KEY, Episode
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
 
 __all__ = ["EPISODE_NUMBERS", "EPISODE_STRINGS", "TRANSITION_FIELDS", "EpisodeStore", "StoreError", "StoreSchema"]
 
@@ -79,10 +80,11 @@ class EpisodeStore:
     # --- construction -----------------------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike, *, image_shapes: dict[str, tuple[int, int]], state_dim: int,
-               action_dim: int, control_hz: float, extra: dict[str, Any] | None = None) -> EpisodeStore:
+               action_dim: int, control_hz: float, extra: dict[str, Any] | None = None,
+               aux_dim: int = 0) -> EpisodeStore:
         """Create an empty store at `path` (which must not exist or be an empty directory)."""
         path = Path(path)
-        schema = StoreSchema(image_shapes, state_dim, action_dim, control_hz, extra or {})
+        schema = StoreSchema(image_shapes, state_dim, action_dim, control_hz, extra or {}, aux_dim)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise FileExistsError(f"{path} already exists and is not empty; open an existing store with "
                                   "EpisodeStore.open(path, mode='a') or EpisodeStore.open_or_create, "
@@ -215,7 +217,7 @@ class EpisodeStore:
         t = stop - start - 1
         rows = {name: self.frames(name, start, stop) for name in self._frames}
         return Episode(
-            obs={k: rows[k] for k in self._frames if k.startswith(IMAGE_PREFIX) or k == STATE_KEY},
+            obs={k: rows[k] for k in self._frames if k.startswith(IMAGE_PREFIX) or k in (STATE_KEY, AUX_KEY)},
             action=rows["action"][:t], timestamp_s=rows["timestamp_s"],
             **{name: rows[name][:t] for name in TRANSITION_FIELDS},
             **{name: self._strings[name][i] for name in EPISODE_STRINGS},
@@ -318,9 +320,12 @@ class EpisodeStore:
         schema, t = self.schema, episode.num_steps
         cams = {k for k in episode.obs if k.startswith(IMAGE_PREFIX)}
         expected = {f"{IMAGE_PREFIX}{c}" for c in schema.image_shapes}
-        if cams != expected or set(episode.obs) - cams != {STATE_KEY}:
+        others = {STATE_KEY} | ({AUX_KEY} if schema.aux_dim else set())
+        if cams != expected or set(episode.obs) - cams != others:
+            hint = (" (aux labels need a store created with aux_dim > 0, and a store with aux_dim needs them)"
+                    if AUX_KEY in set(episode.obs) ^ others else "")
             raise ValueError(f"episode obs keys {sorted(episode.obs)} do not match the store's "
-                             f"{sorted(expected | {STATE_KEY})}")
+                             f"{sorted(expected | others)}{hint}")
         for cam, (h, w) in schema.image_shapes.items():
             if episode.obs[f"{IMAGE_PREFIX}{cam}"].shape[1:3] != (h, w):
                 raise ValueError(f"obs['{IMAGE_PREFIX}{cam}'] is {episode.obs[f'{IMAGE_PREFIX}{cam}'].shape[1:3]} "
@@ -328,6 +333,9 @@ class EpisodeStore:
         state = episode.obs[STATE_KEY]
         if state.ndim != 2 or state.shape[1] != schema.state_dim:
             raise ValueError(f"obs['state'] has shape {state.shape}, the store needs (T+1, {schema.state_dim})")
+        if schema.aux_dim and episode.obs[AUX_KEY].shape[1:] != (schema.aux_dim,):
+            raise ValueError(f"obs['aux'] has shape {episode.obs[AUX_KEY].shape}, the store needs "
+                             f"(T+1, {schema.aux_dim})")
         if episode.action.shape != (t, schema.action_dim):
             raise ValueError(f"action has shape {episode.action.shape}, the store needs ({t}, {schema.action_dim})")
         for name in EPISODE_STRINGS:
@@ -335,6 +343,8 @@ class EpisodeStore:
                 raise ValueError(f"episode.{name} must be a str, got {type(getattr(episode, name)).__name__}")
         rows = {k: np.asarray(v) for k, v in episode.obs.items()}
         rows[STATE_KEY] = state.astype(np.float32)
+        if schema.aux_dim:
+            rows[AUX_KEY] = episode.obs[AUX_KEY].astype(np.float32)
         rows["timestamp_s"] = episode.timestamp_s.astype(np.float64)
         rows["action"] = np.concatenate([episode.action, np.zeros((1, schema.action_dim))]).astype(np.float32)
         for name, (dtype, pad) in TRANSITION_FIELDS.items():

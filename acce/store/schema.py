@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import IMAGE_PREFIX, STATE_KEY
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY
 
 TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
     "reward": (np.float32, 0.0),
@@ -45,6 +45,8 @@ class StoreSchema:
     """control rate the episodes were recorded at"""
     extra: dict[str, Any] = field(default_factory=dict)
     """free-form JSON metadata (robot type, task registry version, ...); not interpreted by the store"""
+    aux_dim: int = 0
+    """P: obs["aux"] is float32 (T+1, P) privileged training labels (simulated demos only); 0 = none"""
 
     def __post_init__(self) -> None:
         shapes = {str(k): (int(v[0]), int(v[1])) for k, v in sorted(dict(self.image_shapes).items())}
@@ -54,6 +56,8 @@ class StoreSchema:
             if not _CAMERA_NAME.match(cam) or h < 1 or w < 1:
                 raise ValueError(f"image_shapes[{cam!r}] = {(h, w)}: camera names use [A-Za-z0-9_.-] "
                                  "and (H, W) must be positive")
+        if self.aux_dim < 0:
+            raise ValueError(f"aux_dim={self.aux_dim} must be >= 0")
         if self.state_dim < 1 or self.action_dim < 1:
             raise ValueError(f"state_dim={self.state_dim} and action_dim={self.action_dim} must both be >= 1")
         if not self.control_hz > 0:
@@ -65,18 +69,21 @@ class StoreSchema:
 
     def to_json(self) -> dict[str, Any]:
         return {"image_shapes": {k: list(v) for k, v in self.image_shapes.items()}, "state_dim": self.state_dim,
-                "action_dim": self.action_dim, "control_hz": self.control_hz, "extra": self.extra}
+                "action_dim": self.action_dim, "control_hz": self.control_hz, "extra": self.extra,
+                "aux_dim": self.aux_dim}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StoreSchema:
         return cls(image_shapes=d["image_shapes"], state_dim=int(d["state_dim"]), action_dim=int(d["action_dim"]),
-                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {})
+                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {}, aux_dim=int(d.get("aux_dim", 0)))
 
     def frame_arrays(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         """frames/ array name -> (shape after the frame axis, dtype); names equal Episode obs keys where shared."""
         arrays: dict[str, tuple[tuple[int, ...], Any]] = {
             f"{IMAGE_PREFIX}{cam}": ((h, w, 3), np.uint8) for cam, (h, w) in self.image_shapes.items()}
         arrays[STATE_KEY] = ((self.state_dim,), np.float32)
+        if self.aux_dim:
+            arrays[AUX_KEY] = ((self.aux_dim,), np.float32)
         arrays["timestamp_s"] = ((), np.float64)
         arrays["action"] = ((self.action_dim,), np.float32)
         arrays.update({name: ((), dtype) for name, (dtype, _) in TRANSITION_FIELDS.items()})
@@ -84,7 +91,8 @@ class StoreSchema:
 
     def mismatch(self, other: StoreSchema, compare_extra: bool = True) -> str | None:
         """Name the first field where `other` differs from this schema, or None."""
-        for name in ("image_shapes", "state_dim", "action_dim", "control_hz") + (("extra",) if compare_extra else ()):
+        for name in ("image_shapes", "state_dim", "aux_dim", "action_dim", "control_hz") + (
+                ("extra",) if compare_extra else ()):
             if getattr(self, name) != getattr(other, name):
                 return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
         return None

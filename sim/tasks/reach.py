@@ -41,6 +41,10 @@ class Reach(Task):
     def _goal(self, scene: Scene) -> np.ndarray:
         return scene.cube_pos(self.target) + np.array([0.0, 0.0, CUBE_HALF_M])
 
+    def aux_targets(self, scene: Scene) -> np.ndarray:
+        xy = scene.cube_pos(self.target)[:2]  # the object is the goal
+        return np.concatenate([xy, xy]).astype(np.float32)
+
     def reward_terms(self, scene: Scene) -> dict[str, float]:
         return {"distance_m": float(np.linalg.norm(scene.tip_pos - self._goal(scene))),
                 "success": float(self.is_success(scene))}

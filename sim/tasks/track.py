@@ -55,6 +55,10 @@ class Track(Task):
         scene.place_gripper(start, opening01=0.0)
         return {"color": self.target}
 
+    def aux_targets(self, scene: Scene) -> np.ndarray:
+        xy = scene.ball_pos(self.target)[:2]  # the object is the goal
+        return np.concatenate([xy, xy]).astype(np.float32)
+
     def _ball_xy(self, color: str, dt_s: float) -> np.ndarray:
         """position dt_s seconds after the current phase (counter-clockwise orbit)"""
         angle = self.phase[color] + self.config.ball_speed_mps * dt_s / self.radius[color]

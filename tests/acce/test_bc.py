@@ -70,3 +70,53 @@ def test_dagger_rollouts_label_the_policys_states_with_the_expert():
     data = DemoDataset(episodes, 4, 0, 4, labels)
     assert len(data) == sum(ep.num_steps for ep in episodes)
     torch.testing.assert_close(torch.as_tensor(data.targets[0, 0]), torch.as_tensor(labels[0][0]))
+
+
+def with_aux(ep, values):
+    ep.obs["aux"] = np.asarray(values, np.float32)
+    return ep
+
+
+def test_aux_labels_are_standardized_by_the_first_episodes_and_must_be_all_or_none():
+    a = with_aux(episode(2), [[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]])  # frames: the last one is not a decision
+    data = DemoDataset([a], chunk_len=2, max_delay=0, action_dim=2)
+    assert data.aux_dim == 2
+    # stats over the decision frames (0, 2): mean (1, 1), std (1, 0 -> floored at 1e-3)
+    np.testing.assert_allclose(data.aux_mean, [1.0, 1.0])
+    np.testing.assert_allclose(data.aux_std, [1.0, 1e-3])
+    inputs, _, _ = data.batch(np.arange(2))
+    np.testing.assert_allclose(inputs["aux"], [[-1.0, 0.0], [1.0, 0.0]])
+    data.extend([with_aux(episode(1), [[5.0, 1.0], [0.0, 0.0]])])
+    np.testing.assert_allclose(data.aux_mean, [1.0, 1.0])  # fixed after construction
+    np.testing.assert_allclose(data.batch(np.array([2]))[0]["aux"], [[4.0, 0.0]])
+    with pytest.raises(ValueError, match="all with aux labels or none"):
+        data.extend([episode(2)])
+    assert DemoDataset([episode(2)], chunk_len=2, max_delay=0, action_dim=2).aux_dim == 0
+
+
+def test_bc_aux_loss_trains_the_aux_head_and_needs_targets():
+    from acce.policy import NormStats, PolicyConfig, VLAPolicy
+    from acce.runtime.learner import Learner
+
+    cfg = load(None, ["policy.language=hash", "policy.trunk_width=32", "policy.trunk_layers=1",
+                      "policy.trunk_heads=2", "policy.chunk_len=2", "policy.max_delay_steps=1", "learner.lr=3e-3",
+                      "rollout.execution_horizon=1", "rollout.segment_len=2"])
+    torch.manual_seed(0)
+    norm = NormStats(np.zeros(2, np.float32), np.ones(2, np.float32), {"dim": 2, "range": [-1, 1]})
+    policy = VLAPolicy(cfg.policy, 2, 2, norm, aux_dim=2)
+    rng = np.random.default_rng(0)
+    eps = [with_aux(episode(3), rng.normal(size=(4, 2))) for _ in range(2)]
+    for ep in eps:
+        ep.obs["image/front"] = rng.integers(0, 255, ep.obs["image/front"].shape, dtype=np.uint8)
+    data = DemoDataset(eps, chunk_len=2, max_delay=1, action_dim=2)
+    learner = Learner(policy, cfg.learner, seed=0)
+    inputs, target, mask = data.batch(np.arange(len(data)))
+    head = policy.aux_head.weight.detach().clone()
+    _, frozen_aux = learner.bc_step(inputs, target, mask)
+    assert np.isnan(frozen_aux) and torch.equal(head, policy.aux_head.weight)  # coef 0: aux head untouched
+    first = learner.bc_step(inputs, target, mask, aux_coef=1.0)[1]
+    for _ in range(60):
+        last = learner.bc_step(inputs, target, mask, aux_coef=1.0)[1]
+    assert last < 0.2 * first  # 6 frames with distinct random images: the head can fit them
+    with pytest.raises(ValueError, match="no 'aux' targets"):
+        learner.bc_step({k: v for k, v in inputs.items() if k != "aux"}, target, mask, aux_coef=1.0)

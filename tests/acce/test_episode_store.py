@@ -64,7 +64,7 @@ def test_round_trip_every_field(tmp_path, rng):
             assert_episode_equal(ep, got)
         assert_episode_equal(episodes[-1], s[-1])
     assert reopened.meta == {"image_shapes": {"front": [16, 16], "wrist": [8, 12]}, "state_dim": 4, "action_dim": 3,
-                             "control_hz": 10.0, "extra": {"robot": "sim-arm"}}
+                             "control_hz": 10.0, "extra": {"robot": "sim-arm"}, "aux_dim": 0}
     # Frame rows: the episode's last row pads the transition fields.
     start, stop = reopened.frame_range(0)
     assert (start, stop) == (0, 6)
@@ -306,3 +306,23 @@ def test_layout_marker_and_string_arrays(tmp_path, rng):
 def test_import_acce_store_does_not_import_lerobot():
     code = "import sys, acce, acce.store; assert 'lerobot' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_aux_labels_round_trip_and_must_match_the_schema(tmp_path, rng):
+    ep = make_episode(rng, 4)
+    ep.obs["aux"] = rng.standard_normal((5, 2)).astype(np.float32)
+    store = EpisodeStore.create(tmp_path / "aux.zarr", **SCHEMA, aux_dim=2)
+    store.append(ep)
+    got = EpisodeStore.open(tmp_path / "aux.zarr")[0]
+    assert_episode_equal(ep, got)
+    assert EpisodeStore.open(tmp_path / "aux.zarr").meta["aux_dim"] == 2
+    with pytest.raises(ValueError, match="aux labels need a store created with aux_dim"):
+        EpisodeStore.create(tmp_path / "plain.zarr", **SCHEMA).append(ep)
+    with pytest.raises(ValueError, match="aux labels need"):
+        store.append(make_episode(rng, 3))  # a store with aux_dim needs them
+    ep.obs["aux"] = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"obs\['aux'\] has shape"):
+        store.append(ep)
+    assert len(EpisodeStore.open(tmp_path / "aux.zarr")) == 1  # nothing half-written
+    with pytest.raises(ValueError, match="aux_dim: store has 2, requested 0"):
+        EpisodeStore.open_or_create(tmp_path / "aux.zarr", **SCHEMA)

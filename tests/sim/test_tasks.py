@@ -236,3 +236,25 @@ def test_push_approach_must_be_known():
     from sim.tasks.push import PushConfig
     with pytest.raises(ValueError, match="approach must be 'over' or 'around'"):
         PushConfig(approach="under")
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_aux_labels_are_the_named_object_and_goal_and_only_on_request(task, make_env):
+    from sim.task import AUX_DIM
+    plain = make_env(task, image_size=16)
+    assert "aux" not in plain.reset(seed=3)[0] and "aux" not in plain.observation_space.spaces
+    env = make_env(task, image_size=16, aux_labels=True)
+    obs, _ = env.reset(seed=3)
+    assert obs["aux"].shape == (AUX_DIM,) and obs["aux"].dtype == np.float32
+    assert env.observation_space["aux"].contains(obs["aux"])
+    t, scene = env.task, env.scene
+    if task == "reach":
+        obj = goal = scene.cube_pos(t.target)
+    elif task == "track":
+        obj = goal = scene.ball_pos(t.target)
+    else:  # push, pick_place: the named cube, then the named pad
+        obj, goal = scene.cube_pos(t.cube), scene.pad_pos(t.pad)
+    np.testing.assert_allclose(obs["aux"], np.concatenate([obj[:2], goal[:2]]), atol=1e-6)
+    for _ in range(5):  # labels follow the scene as things move (the expert pushes, the balls orbit)
+        obs, *_ = env.step(env.expert_action())
+    np.testing.assert_allclose(obs["aux"], env.task.aux_targets(env.scene), atol=1e-6)

@@ -66,3 +66,26 @@ def test_floor_rendering_grid_is_coarse():
     cells = (2 * m.geom_size[floor, 0] / m.geom_size[floor, 2]) * (2 * m.geom_size[floor, 1] / m.geom_size[floor, 2])
     assert cells <= 40 * 40
     env.close()
+
+
+def test_aux_labels_reach_recorded_episodes_only_when_asked():
+    from acce.store.recorder import EpisodeRecorder
+    from sim.vector_env import make_single_env
+
+    env = SimVectorEnv(["push", "reach"], 2, image_size=16, aux_labels=True)
+    obs = env.reset()
+    assert obs["aux"].shape == (2, 4)
+    rec = EpisodeRecorder(2, source="demo")
+    rec.start_all(obs, env.task_names, env.seeds)
+    episodes = []
+    while len(episodes) < 2:
+        actions = env.expert_actions()
+        episodes += rec.add(actions, env.step(actions), next_tasks=env.task_names, next_seeds=env.seeds)
+    for ep in episodes:  # one label row per observation frame, final frame included
+        assert ep.obs["aux"].shape == (ep.num_steps + 1, 4)
+    env.close()
+    plain = SimVectorEnv(["push"], 1, image_size=16)
+    assert "aux" not in plain.reset()
+    plain.close()
+    with pytest.raises(ValueError, match="no privileged aux labels"):
+        make_single_env("metaworld/reach-v3", aux_labels=True)
