@@ -27,6 +27,12 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert set(first["eval"]) == {"reach/train", "reach/heldout"}
     # the warm start ran its DAgger round: policy episodes relabeled by the expert joined the 4 demos
     assert set(first["bc"]["dagger_round1_success"]) == {"reach"} and first["bc"]["bc_steps"] == 6
+    # the perception aux path: demos recorded the privileged labels, the policy has the aux head feeding its state
+    from acce.store.episodes import EpisodeStore
+    demos = EpisodeStore.open(run / "demos.zarr")
+    assert demos.schema.aux_dim == 4 and demos[0].obs["aux"].shape == (demos[0].num_steps + 1, 4)
+    bc_policy = torch.load(run / "checkpoints" / "bc.pt", weights_only=False)["learner"]["policy"]
+    assert bc_policy["aux_dim"] == 4 and bc_policy["config"]["aux_input"]
     # resume continues the version count (and the same TensorBoard folder)
     assert main(["train", "--resume", str(run), "train.max_versions=12", "--quiet"]) == 0
     second = json.loads((run / "summary.json").read_text())
