@@ -371,6 +371,9 @@ class Config:
             raise ConfigError("train.stop_at_success needs periodic evaluation: set eval.every_versions > 0")
         if not 0.0 <= self.train.stop_at_success <= 1.0:
             raise ConfigError(f"train.stop_at_success must be in [0, 1], got {self.train.stop_at_success}")
+        if self.policy.aux_input and not self.bc.aux_loss_coef > 0:
+            raise ConfigError("policy.aux_input feeds the aux head's position estimate to the policy, which only the "
+                              "aux loss teaches: set bc.aux_loss_coef > 0 (e.g. 1.0) or policy.aux_input=false")
         check_imagination(self)
 
 

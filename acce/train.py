@@ -24,11 +24,15 @@ TASK_BY_ID = dict(enumerate(sorted(KNOWN_TASKS)))
 """task ids are positions in the sorted registry (sim.tasks.task_id)"""
 
 
-def build_policy(cfg: Config, states: np.ndarray, aux_dim: int = 0):
+def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None):
+    """A fresh policy; aux_dim None = the sim's aux labels when the config trains an aux head (bc.aux_loss_coef)."""
     import torch
 
     from acce.policy.norm import NormStats
     from acce.policy.vla import VLAPolicy
+    if aux_dim is None:
+        from acce.wiring import sim_aux_dim
+        aux_dim = sim_aux_dim() if cfg.bc.aux_loss_coef > 0 else 0
     torch.manual_seed(cfg.run.seed)
     norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": 4, "range": [-1, 1],
                                                       "max_step_m": 0.03, "control_hz": 10.0})

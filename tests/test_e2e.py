@@ -56,11 +56,11 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert json.loads((tmp_path / "from_bc" / "summary.json").read_text())["learner_version"] >= 2
 
 
-def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster):
+def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster, tmp_path):
     import ray
 
     from acce.train import Trainer
-    cfg = load("configs/debug.yaml", ["run.name=kill", "runtime.timeout_s=30"])
+    cfg = load("configs/debug.yaml", ["run.name=kill", f"run.out_dir={tmp_path}", "runtime.timeout_s=30"])
     trainer = Trainer(cfg, progress=False)
     rt = trainer.make_runtime(trainer.build_learner())
     try:
@@ -83,10 +83,10 @@ def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster):
         rt.shutdown()
 
 
-def test_roles_that_cannot_be_placed_fail_with_a_fix_instead_of_hanging(ray_cluster):
+def test_roles_that_cannot_be_placed_fail_with_a_fix_instead_of_hanging(ray_cluster, tmp_path):
     from acce.runtime.ray_runtime import RayRuntime
     from acce.train import Trainer
-    cfg = load("configs/debug.yaml", ["run.name=toolarge", "runtime.worker_cpus=8"])
+    cfg = load("configs/debug.yaml", ["run.name=toolarge", f"run.out_dir={tmp_path}", "runtime.worker_cpus=8"])
     trainer = Trainer(cfg, progress=False)
     with pytest.raises(ValueError, match="lower them or add machines"):
         RayRuntime(cfg, trainer.build_learner(), None)

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -114,3 +115,15 @@ def test_stop_at_success_wants_every_task_at_target():
     assert t._reached_target()
     t.cfg = load(overrides=["env.tasks=[reach,push]"])  # 0 = off
     assert not t._reached_target()
+
+
+def test_aux_input_needs_the_aux_loss_and_fresh_policies_get_the_head():
+    from acce.train import build_policy
+    with pytest.raises(ConfigError, match="set bc.aux_loss_coef > 0"):
+        load("configs/default.yaml", ["bc.aux_loss_coef=0"])
+    with pytest.raises(ConfigError, match="bc.aux_loss_coef must be >= 0"):
+        load(None, ["bc.aux_loss_coef=-1"])
+    cfg = load("configs/default.yaml", ["policy.language=hash"])
+    policy = build_policy(cfg, np.random.default_rng(0).normal(size=(10, 7)).astype(np.float32))
+    assert policy.aux_dim == 4 and policy.config.aux_input  # RL from scratch (bc.steps=0) builds the same network
+    assert build_policy(load(None, ["policy.language=hash"]), np.ones((3, 7), np.float32)).aux_dim == 0
