@@ -12,6 +12,7 @@ False and `acce.is_final_frame` True, so LeRobot consumers can mask it. Columns:
     acce.behavior_version int64   acce.delay_steps int32   acce.policy_sampled bool   acce.timestamp_s float64
     acce.is_final_frame bool      acce.task_id, acce.seed, acce.wm_version int64 (per episode, repeated per frame)
     acce.task, acce.source, acce.episode_id  string (per episode, repeated; parquet dictionary-encodes them)
+    acce.aux  float32 (P,), only for stores with aux_dim = P > 0 (the sim's privileged aux labels)
     task (LeRobot's own per-frame task string) = the episode's instruction
 
 LeRobot's `timestamp` is its usual frame_index / fps; the recorded wall-clock time is `acce.timestamp_s` (float64,
@@ -36,10 +37,11 @@ from typing import Any
 import numpy as np
 
 from acce.store.episodes import EpisodeStore, StoreSchema
-from acce.types import IMAGE_PREFIX, SOURCES, STATE_KEY, Episode
+from acce.types import AUX_KEY, IMAGE_PREFIX, SOURCES, STATE_KEY, Episode
 
 CAMERA_PREFIX = "observation.images."
 SIDECAR = "meta/acce.json"
+AUX_COLUMN = "acce.aux"
 """store schema that LeRobot's info.json has no place for"""
 _SCALARS: dict[str, tuple[str, str]] = {
     # LeRobot column -> (Episode field, dtype) for (T,) transition fields; the final frame is padded.
@@ -67,6 +69,9 @@ def _features(schema: StoreSchema) -> dict[str, dict[str, Any]]:
     columns = {**{k: d for k, (_, d) in _SCALARS.items()}, "next.done": "bool", "acce.timestamp_s": "float64",
                "acce.is_final_frame": "bool", **_PER_EPISODE}
     feats.update({k: {"dtype": d, "shape": (1,), "names": None} for k, d in columns.items()})
+    if schema.aux_dim:
+        feats[AUX_COLUMN] = {"dtype": "float32", "shape": (schema.aux_dim,),
+                             "names": [f"aux_{i}" for i in range(schema.aux_dim)]}
     return feats
 
 
@@ -75,6 +80,8 @@ def _frame(ep: Episode, t: int, schema: StoreSchema) -> dict[str, Any]:
     last = t == ep.num_steps
     frame: dict[str, Any] = {f"{CAMERA_PREFIX}{cam}": ep.obs[f"{IMAGE_PREFIX}{cam}"][t] for cam in schema.image_shapes}
     frame["observation.state"] = ep.obs[STATE_KEY][t].astype(np.float32)
+    if schema.aux_dim:
+        frame[AUX_COLUMN] = ep.obs[AUX_KEY][t].astype(np.float32)
     frame["action"] = (np.zeros(schema.action_dim) if last else ep.action[t]).astype(np.float32)
     for column, (name, dtype) in _SCALARS.items():
         frame[column] = np.zeros(1, dtype) if last else np.asarray([getattr(ep, name)[t]], dtype)
@@ -145,7 +152,8 @@ def _schema_of(ds: Any, src_dir: Path) -> StoreSchema:
     sidecar = json.loads(sidecar_path.read_text())["schema"] if sidecar_path.is_file() else {}
     return StoreSchema(image_shapes=shapes, state_dim=int(feats["observation.state"]["shape"][0]),
                        action_dim=int(feats["action"]["shape"][0]),
-                       control_hz=float(sidecar.get("control_hz", ds.meta.fps)), extra=sidecar.get("extra", {}))
+                       control_hz=float(sidecar.get("control_hz", ds.meta.fps)), extra=sidecar.get("extra", {}),
+                       aux_dim=int(feats[AUX_COLUMN]["shape"][0]) if AUX_COLUMN in feats else 0)
 
 
 def _episode(ds: Any, table: Any, schema: StoreSchema, index: int, repo_id: str) -> Episode:
@@ -153,6 +161,8 @@ def _episode(ds: Any, table: Any, schema: StoreSchema, index: int, repo_id: str)
     n, names = table.num_rows, set(table.column_names)
     t = n - 1
     obs = {STATE_KEY: _column(table, "observation.state").astype(np.float32)}
+    if schema.aux_dim:
+        obs[AUX_KEY] = _column(table, AUX_COLUMN).astype(np.float32)
     for cam in schema.image_shapes:
         key = f"{CAMERA_PREFIX}{cam}"
         decode = ds.hf_dataset.features[key].decode_example  # the datasets Image feature: PNG bytes -> PIL

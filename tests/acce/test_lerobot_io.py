@@ -42,6 +42,19 @@ def test_export_import_round_trip(tmp_path):
         export_lerobot(store, out)
 
 
+def test_aux_labels_survive_export_and_import(tmp_path):
+    rng = np.random.default_rng(2)
+    store = EpisodeStore.create(tmp_path / "aux.zarr", **SCHEMA, aux_dim=4)
+    episodes = [make_episode(rng, t) for t in (3, 5)]
+    for ep in episodes:
+        ep.obs["aux"] = rng.standard_normal((ep.num_steps + 1, 4)).astype(np.float32)
+    store.append_many(episodes)
+    back = import_lerobot(export_lerobot(store, tmp_path / "lerobot"), tmp_path / "back.zarr")
+    assert back.schema.aux_dim == 4 and back.meta == store.meta
+    for ep, got in zip(episodes, back.iter_episodes()):
+        assert_episode_equal(ep, got)
+
+
 @pytest.mark.filterwarnings("ignore:Converting input from bool")
 def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
