@@ -13,6 +13,17 @@ fi
 STAMP=.venv/.acce-install-stamp
 WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  # The environment is ~9.5 GB (torch's CUDA libraries come with the registry wheel) and pip needs room to unpack
+  # wheels: check first so that a full disk gives one clear error instead of an OSError halfway through the install.
+  NEED_GB="${ACCE_SETUP_NEED_GB:-12}"
+  for DIR in "$ROOT" "${TMPDIR:-/tmp}"; do
+    FREE_GB=$(( $(df -Pk "$DIR" | awk 'NR==2 {print $4}') / 1048576 ))
+    if [ "$FREE_GB" -lt "$NEED_GB" ]; then
+      echo "[setup] only ${FREE_GB} GB free on the file system of $DIR; installing acce's environment needs about" \
+        "${NEED_GB} GB. Free some space (old clones, runs/, pip caches) or point TMPDIR elsewhere, then re-run." >&2
+      exit 1
+    fi
+  done
   echo "[setup] installing acce and its dependencies into .venv (first run takes a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -m pip install --quiet -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
