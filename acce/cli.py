@@ -219,7 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # dotted overrides may also follow the flags (`acce bench throughput --out f.json env.num_envs=16`): argparse
+    # stops filling a positional list at the first flag, and intermixed parsing does not support subcommands
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.parse_args(argv)  # argparse's own one-line usage error for what is really unknown
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return int(args.fn(args) or 0)
     except ConfigError as exc:

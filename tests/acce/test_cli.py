@@ -64,3 +64,21 @@ def test_bench_sim_writes_json(tmp_path):
     result = json.loads(out.read_text())["result"]
     assert result["physics_steps_per_s"] > 1000 and result["render_fps_64"] > 10
     assert result["parallel"]["1"] > 0
+
+
+def test_overrides_may_follow_the_flags(tmp_path):
+    out = tmp_path / "eps.zarr"
+    args = ["collect", "--config", "configs/debug.yaml", "--task", "reach", "--episodes", "1", "--out", str(out),
+            "env.image_size=24"]
+    assert main(args) == 0
+    ep = next(EpisodeStore.open(out).iter_episodes())
+    assert ep.obs["image/front"].shape[1:] == (24, 24, 3)
+
+
+@pytest.mark.parametrize("argv", [["collect", "--no-such-flag"], ["bench", "throughput", "--duration-s", "1",
+                                                                   "not_an_override"]])
+def test_unknown_arguments_are_still_a_usage_error(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
