@@ -1,5 +1,6 @@
 """Roles and the local runtime: versions, pacing, sync == async at zero staleness, atomic weight swaps."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -125,6 +126,21 @@ def test_swap_is_atomic_for_concurrent_requests():
     server.stop()
     assert not errors, errors[0]
     assert len(set(seen)) > 3, "the weights really changed during the run"
+
+
+def test_server_version_is_the_next_requests_and_never_waits_for_a_batch():
+    cfg = load(None, TINY)
+    server = InferenceServer(tiny_policy(cfg), max_batch=8, timeout_ms=1.0)
+    state = {k: v.numpy().copy() for k, v in server.policy.trainable_state_dict().items()}
+    server.load_weights(3, state)
+    assert server.version == 3 and server.stats["swaps"] == 0  # staged: the next batch runs on it
+    with server._lock:  # a batch is running
+        t0 = time.perf_counter()
+        assert server.version == 3
+        assert time.perf_counter() - t0 < 0.5
+    batch = {"image/front": np.zeros((1, 32, 32, 3), np.uint8), "state": np.zeros((1, 7), np.float32),
+             "instruction": ["a"], "prefix": np.zeros((1, 4, 4), np.float32), "delay_steps": np.zeros(1, np.int64)}
+    assert server.infer(batch)["version"] == 3 and server.stats["swaps"] == 1
 
 
 def test_queue_blocks_when_full_and_times_out():

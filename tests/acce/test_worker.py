@@ -104,3 +104,47 @@ def test_future_pending_times_out_loudly():
         pending.wait(None)
     fut.set_result({"x": 1})
     assert pending.done() and pending.result() == {"x": 1}
+
+
+class CountingGate:
+    """Admits nothing until `open_at` version; counts every ask."""
+
+    def __init__(self, open_at):
+        self.open_at, self.asks = open_at, 0
+
+    def try_acquire(self, worker_id, env_index, version):
+        self.asks += 1
+        return version >= self.open_at
+
+
+def test_a_denied_env_is_not_asked_again_until_the_version_changes(monkeypatch):
+    import acce.runtime.worker as wmod
+    monkeypatch.setattr(wmod, "GATE_RETRY_S", 60.0)
+    policy, gate = CountingPolicy(), CountingGate(open_at=6)
+    worker = RolloutWorker(SimVectorEnv(["reach"], 2, image_size=32), policy, segment_len=2, chunk_len=4,
+                           exec_horizon=4, gate=gate)
+    try:
+        worker.env.reset()
+        for _ in range(20):  # every env paused at version 5: one denial each, then no more asks
+            worker._decide([])
+        assert gate.asks == 2 and worker.paused.all() and worker.stats["gate_asks"] == 2
+        policy.version = 6  # new weights: asked again, admitted
+        worker._decide([])
+        assert gate.asks == 4 and not worker.paused.any()
+    finally:
+        worker.close()
+
+
+def test_a_denial_expires_after_the_retry_interval_even_at_the_same_version(monkeypatch):
+    import acce.runtime.worker as wmod
+    monkeypatch.setattr(wmod, "GATE_RETRY_S", 0.0)
+    policy, gate = CountingPolicy(), CountingGate(open_at=99)
+    worker = RolloutWorker(SimVectorEnv(["reach"], 1, image_size=32), policy, segment_len=2, chunk_len=4,
+                           exec_horizon=4, gate=gate)
+    try:
+        worker.env.reset()
+        for _ in range(3):
+            worker._decide([])
+        assert gate.asks == 3
+    finally:
+        worker.close()
