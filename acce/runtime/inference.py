@@ -46,6 +46,9 @@ class InferenceServer:
         self._version = 0
         self.generator = torch.Generator().manual_seed(int(seed))
         self._lock = threading.Lock()
+        """held for a batch (forward pass) and the swap before it"""
+        self._stage_lock = threading.Lock()
+        """guards _staged and _version"""
         self._staged: tuple[int, Any] | None = None
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -56,20 +59,23 @@ class InferenceServer:
     # --- weights ------------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        """The version the next request will run on: staged weights are applied first (taking the lock means
-        no batch is running, so this is a batch boundary)."""
-        with self._lock:
-            self._apply_staged()
-            return self._version
+        """The version the next request will run on: the newest staged version (applied before the next batch),
+        else the running one. Never waits for a running batch (workers ask before every gated decision)."""
+        with self._stage_lock:
+            return self._staged[0] if self._staged is not None else self._version
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
         """Stage weights; they take effect at the next batch boundary (atomic for every request)."""
-        with self._lock:
+        with self._stage_lock:
             if version > self._version and (self._staged is None or version > self._staged[0]):
                 self._staged = (int(version), state)
 
     def _apply_staged(self) -> None:
-        """Called with the lock held, between batches only."""
+        """Called with the batch lock held, between batches only."""
+        with self._stage_lock:  # version readers wait for the swap (a few ms), never for a batch
+            self._swap_staged()
+
+    def _swap_staged(self) -> None:
         if self._staged is None:
             return
         import torch
