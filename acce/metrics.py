@@ -10,8 +10,8 @@ from typing import Mapping
 import numpy as np
 
 PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "eval/", "progress/",
-            "delay/", "wm/", "learner/", "bc/", "curriculum/")
-"""metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/ internals)"""
+            "delay/", "wm/", "learner/", "bc/", "curriculum/", "inference/")
+"""metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/, inference/ internals)"""
 
 
 class Metrics:

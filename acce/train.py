@@ -107,6 +107,16 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
                      "bc_demo_steps": len(data), "bc_time_s": time.time() - t0, **info}
 
 
+def inference_metrics(server: dict[str, float]) -> dict[str, float]:
+    """Dynamic batching of the rollout inference server so far: mean rows per forward pass and forward CPU time per
+    row (small batches cost more per decision: 2.3 ms for 1 row vs 0.93 ms per row in 8, BENCHMARKS.md)."""
+    batches, rows = server.get("batches", 0), server.get("rows", 0)
+    if not batches or not rows:
+        return {}
+    return {"inference/rows_per_batch": rows / batches,
+            "inference/forward_ms_per_row": 1000.0 * server["forward_s"] / rows}
+
+
 class Trainer:
     """Owns the driver side: budgets, logging, evaluation, checkpoints. The runtime owns the roles."""
 
@@ -306,7 +316,8 @@ class Trainer:
              "throughput/env_sps": stats["env_steps"] / max(elapsed, 1e-6),
              "throughput/learner_sps": version / max(elapsed, 1e-6),
              "weights/publish_lag": stats["learner_version"] - stats["server_version"],
-             "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"]}
+             "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"],
+             **inference_metrics(stats.get("server", {}))}
         point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
         for task in self.cfg.env.tasks:
             for source, pool in (("sim", recent), ("imagined", recent_imagined)):
@@ -336,6 +347,8 @@ class Trainer:
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0,
+                "inference_rows_per_batch": inference_metrics(stats.get("server", {})).get(
+                    "inference/rows_per_batch"),
                 "imagination": {"imagined_steps": self.counters["imagined_steps"],
                                 "imagined_episodes": self.counters["imagined_episodes"],
                                 **{k: v for k, v in stats.get("wm", {}).items() if not k.startswith("wm/loss/")},

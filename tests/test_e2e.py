@@ -21,6 +21,7 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     first = json.loads((run / "summary.json").read_text())
     assert time.time() - t0 < 60, "the debug preset must train + evaluate in under a minute"
     assert first["learner_version"] >= 6 and first["env_steps"] > 0
+    assert first["inference_rows_per_batch"] >= 1.0  # the Ray server's batching stats reach the summary
     assert (run / "checkpoints" / "latest.pt").is_file() and (run / "config.yaml").is_file()
     assert (run / "checkpoints" / "bc.pt").is_file() and (run / "learning_curve.png").is_file()
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())

@@ -122,6 +122,7 @@ class LocalRuntime:
         return {"env_steps": env_steps, "learner_version": self.learner.version,
                 "server_version": self.server.version, "queue_size": len(self.queue),
                 "queue_capacity": self.cfg.runtime.queue_capacity, "swap_ms": self.server.stats["swap_ms_last"],
+                "server": dict(self.server.stats),
                 "worker_stats": [dict(w.stats) for w in self.workers],
                 **(self.imagination.stats() if self.imagination is not None else {})}
 

@@ -334,6 +334,7 @@ class RayRuntime:
         return {"env_steps": env_steps, "learner_version": self.version, "server_version": self.server_version,
                 "queue_size": self.queue.size(), "queue_capacity": self.cfg.runtime.queue_capacity,
                 "swap_ms": getattr(self, "_server_stats", {}).get("swap_ms_last", 0.0),
+                "server": dict(getattr(self, "_server_stats", {})),
                 "worker_stats": list(self._worker_stats.values()), "restarts": self.restarts,
                 "actor_idle_frac": 1.0 - sum(s.get("busy_s", 0.0) for s in self._worker_stats.values()) / max(
                     sum(s.get("alive_s", 0.0) for s in self._worker_stats.values()), 1e-9),
