@@ -109,7 +109,7 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
 
 def inference_metrics(server: dict[str, float]) -> dict[str, float]:
     """Dynamic batching of the rollout inference server so far: mean rows per forward pass and forward CPU time per
-    row (small batches cost more per decision: 2.3 ms for 1 row vs 0.93 ms per row in 8, BENCHMARKS.md)."""
+    row, wall-clock (small batches cost more per decision: 2.3 ms for 1 row vs 0.93 ms per row in 8 on an idle core)."""
     batches, rows = server.get("batches", 0), server.get("rows", 0)
     if not batches or not rows:
         return {}
@@ -347,8 +347,8 @@ class Trainer:
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0,
-                "inference_rows_per_batch": inference_metrics(stats.get("server", {})).get(
-                    "inference/rows_per_batch"),
+                **{f"inference_{k}": inference_metrics(stats.get("server", {})).get(f"inference/{k}")
+                   for k in ("rows_per_batch", "forward_ms_per_row")},
                 "imagination": {"imagined_steps": self.counters["imagined_steps"],
                                 "imagined_episodes": self.counters["imagined_episodes"],
                                 **{k: v for k, v in stats.get("wm", {}).items() if not k.startswith("wm/loss/")},

@@ -89,7 +89,8 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
                 s = Trainer(cfg, progress=False).run()
                 row[mode] = {k: s[k] for k in ("env_steps_per_s", "env_steps", "learner_version", "wall_s",
                                                "actor_idle_frac", "learner_idle_frac", "staleness_mean",
-                                               "staleness_max", "inference_rows_per_batch")}
+                                               "staleness_max", "inference_rows_per_batch",
+                                               "inference_forward_ms_per_row")}
                 print(f"[throughput] {case}/{mode}: {s['env_steps_per_s']:.0f} env steps/s, "
                       f"{s['learner_version']} learner versions, "
                       f"{s['inference_rows_per_batch'] or float('nan'):.2f} decisions per inference batch", flush=True)
