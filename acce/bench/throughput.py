@@ -87,13 +87,13 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
                     "eval.every_versions=0", "bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp}",
                     f"run.name={case}_{mode}", "train.checkpoint_every_versions=1000000"])
                 s = Trainer(cfg, progress=False).run()
-                row[mode] = {k: s[k] for k in ("env_steps_per_s", "env_steps", "learner_version", "wall_s",
-                                               "actor_idle_frac", "learner_idle_frac", "staleness_mean",
-                                               "staleness_max", "inference_rows_per_batch",
-                                               "inference_forward_ms_per_row")}
+                row[mode] = {k: s.get(k) for k in ("env_steps_per_s", "env_steps", "learner_version", "wall_s",
+                                                   "actor_idle_frac", "learner_idle_frac", "staleness_mean",
+                                                   "staleness_max", "inference_rows_per_batch",
+                                                   "inference_forward_ms_per_row")}
                 print(f"[throughput] {case}/{mode}: {s['env_steps_per_s']:.0f} env steps/s, "
                       f"{s['learner_version']} learner versions, "
-                      f"{s['inference_rows_per_batch'] or float('nan'):.2f} decisions per inference batch", flush=True)
+                      f"{row[mode]['inference_rows_per_batch'] or float('nan'):.2f} decisions per inference batch", flush=True)
             row["async_over_sync"] = row["async"]["env_steps_per_s"] / max(row["sync"]["env_steps_per_s"], 1e-9)
             out["cases"][case] = row
     return out

@@ -153,7 +153,7 @@ def test_throughput_sweep_keeps_the_mean_latency_and_runs_both_modes(fake_traine
     fake_trainer.outcome = staticmethod(lambda cfg: {
         "env_steps_per_s": 100.0 * (1 + (cfg.env.step_latency_sigma if cfg.runtime.mode == "async" else 0.0)),
         "env_steps": 1, "learner_version": 1, "wall_s": 1.0, "actor_idle_frac": 0.0, "learner_idle_frac": 0.0,
-        "staleness_mean": 0.0, "staleness_max": 0})
+        "staleness_mean": 0.0, "staleness_max": 0, "inference_rows_per_batch": 3.0})
     cases = tp.resolve_cases("default,sweep")
     assert list(cases) == ["default", "tail_sigma_0.5", "tail_sigma_1", "tail_sigma_1.5", "tail_sigma_2"]
     out = tp.run_throughput("configs/debug.yaml", [], 2.0, cases)
@@ -163,6 +163,8 @@ def test_throughput_sweep_keeps_the_mean_latency_and_runs_both_modes(fake_traine
         assert median_ms * math.exp(sigma ** 2 / 2) == pytest.approx(10.0 * math.exp(0.5), rel=1e-4)
     assert runs[4][:2] == (pytest.approx(10.0), 1.0)  # sigma 1 is the long_tail case itself
     assert out["cases"]["tail_sigma_1.5"]["async_over_sync"] == pytest.approx(2.5)
+    sync = out["cases"]["default"]["sync"]  # the server's batching passes through; a missing counter is None
+    assert sync["inference_rows_per_batch"] == 3.0 and sync["inference_forward_ms_per_row"] is None
     tp.plot_sweep(out, str(tmp_path / "sweep.png"))
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown throughput case 'fast'"):
