@@ -347,8 +347,8 @@ class Trainer:
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0,
-                **{f"inference_{k}": inference_metrics(stats.get("server", {})).get(f"inference/{k}")
-                   for k in ("rows_per_batch", "forward_ms_per_row")},
+                **{f"inference_{k.removeprefix('inference/')}": v
+                   for k, v in inference_metrics(stats.get("server", {})).items()},
                 "imagination": {"imagined_steps": self.counters["imagined_steps"],
                                 "imagined_episodes": self.counters["imagined_episodes"],
                                 **{k: v for k, v in stats.get("wm", {}).items() if not k.startswith("wm/loss/")},

@@ -91,9 +91,10 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
                                                    "actor_idle_frac", "learner_idle_frac", "staleness_mean",
                                                    "staleness_max", "inference_rows_per_batch",
                                                    "inference_forward_ms_per_row")}
+                rows_per_batch = row[mode]["inference_rows_per_batch"] or float("nan")
                 print(f"[throughput] {case}/{mode}: {s['env_steps_per_s']:.0f} env steps/s, "
-                      f"{s['learner_version']} learner versions, "
-                      f"{row[mode]['inference_rows_per_batch'] or float('nan'):.2f} decisions per inference batch", flush=True)
+                      f"{s['learner_version']} learner versions, {rows_per_batch:.2f} decisions per inference batch",
+                      flush=True)
             row["async_over_sync"] = row["async"]["env_steps_per_s"] / max(row["sync"]["env_steps_per_s"], 1e-9)
             out["cases"][case] = row
     return out

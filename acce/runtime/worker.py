@@ -174,8 +174,8 @@ class RolloutWorker:
             if not self.ticket[i]:
                 if self.gate is not None:
                     version = int(self.policy.version) if version is None else version
-                    if self._denied.get(i, (None, 0.0))[0] == version and \
-                            now - self._denied[i][1] < GATE_RETRY_S:
+                    denied = self._denied.get(i)
+                    if denied is not None and denied[0] == version and now - denied[1] < GATE_RETRY_S:
                         continue  # denied at this version a moment ago: it opens when a new version arrives
                     self.stats["gate_asks"] += 1
                     if not self.gate.try_acquire(self.worker_id, i, version):

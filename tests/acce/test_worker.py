@@ -1,6 +1,7 @@
 """RolloutWorker's pipelined inference: requests go out without blocking, results are applied in order, and the
 segments are the ones the blocking path builds."""
 import concurrent.futures as cf
+import contextlib
 
 import numpy as np
 import pytest
@@ -117,34 +118,33 @@ class CountingGate:
         return version >= self.open_at
 
 
-def test_a_denied_env_is_not_asked_again_until_the_version_changes(monkeypatch):
+@contextlib.contextmanager
+def gated_worker(monkeypatch, retry_s, open_at, num_envs):
+    """A reset worker on CountingPolicy (version 5) behind a CountingGate, with GATE_RETRY_S = retry_s."""
     import acce.runtime.worker as wmod
-    monkeypatch.setattr(wmod, "GATE_RETRY_S", 60.0)
-    policy, gate = CountingPolicy(), CountingGate(open_at=6)
-    worker = RolloutWorker(SimVectorEnv(["reach"], 2, image_size=32), policy, segment_len=2, chunk_len=4,
+    monkeypatch.setattr(wmod, "GATE_RETRY_S", retry_s)
+    policy, gate = CountingPolicy(), CountingGate(open_at=open_at)
+    worker = RolloutWorker(SimVectorEnv(["reach"], num_envs, image_size=32), policy, segment_len=2, chunk_len=4,
                            exec_horizon=4, gate=gate)
     try:
         worker.env.reset()
+        yield policy, gate, worker
+    finally:
+        worker.close()
+
+
+def test_a_denied_env_is_not_asked_again_until_the_version_changes(monkeypatch):
+    with gated_worker(monkeypatch, 60.0, open_at=6, num_envs=2) as (policy, gate, worker):
         for _ in range(20):  # every env paused at version 5: one denial each, then no more asks
             worker._decide([])
         assert gate.asks == 2 and worker.paused.all() and worker.stats["gate_asks"] == 2
         policy.version = 6  # new weights: asked again, admitted
         worker._decide([])
         assert gate.asks == 4 and not worker.paused.any()
-    finally:
-        worker.close()
 
 
 def test_a_denial_expires_after_the_retry_interval_even_at_the_same_version(monkeypatch):
-    import acce.runtime.worker as wmod
-    monkeypatch.setattr(wmod, "GATE_RETRY_S", 0.0)
-    policy, gate = CountingPolicy(), CountingGate(open_at=99)
-    worker = RolloutWorker(SimVectorEnv(["reach"], 1, image_size=32), policy, segment_len=2, chunk_len=4,
-                           exec_horizon=4, gate=gate)
-    try:
-        worker.env.reset()
+    with gated_worker(monkeypatch, 0.0, open_at=99, num_envs=1) as (_, gate, worker):
         for _ in range(3):
             worker._decide([])
         assert gate.asks == 3
-    finally:
-        worker.close()
