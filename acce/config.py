@@ -11,10 +11,8 @@ from typing import Union
 
 from acce.configlib import ConfigError, load_config
 from acce.policy.config import PolicyConfig
+from acce.task_names import KNOWN_TASKS, METAWORLD_PREFIX, METAWORLD_TASKS, has_aux_labels
 from acce.wm_config import ImaginationConfig, WMConfig, check_imagination
-
-KNOWN_TASKS = ("reach", "push", "pick_place", "track")
-"""tabletop tasks (sim.tasks.TASKS; a test keeps the two in sync; acce must not import sim)"""
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,11 @@ class EnvConfig:
     env does not hold back the others); false: lockstep, every step waits for the slowest env"""
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.tasks if t not in KNOWN_TASKS and not t.startswith("metaworld/")]
+        unknown = [t for t in self.tasks if t not in KNOWN_TASKS and t.removeprefix(METAWORLD_PREFIX) not in
+                   METAWORLD_TASKS]
         if unknown:
-            raise ConfigError(f"env.tasks: unknown task(s) {unknown}; known: {list(KNOWN_TASKS)} or metaworld/<name>-v3")
+            raise ConfigError(f"env.tasks: unknown task(s) {unknown}; known: {list(KNOWN_TASKS)} or "
+                              "metaworld/<name>-v3 (`acce tasks` lists them)")
         if not self.tasks:
             raise ConfigError("env.tasks is empty; name at least one task, e.g. env.tasks=[reach]")
         if self.num_envs <= 0:
@@ -371,7 +371,8 @@ class Config:
             raise ConfigError("train.stop_at_success needs periodic evaluation: set eval.every_versions > 0")
         if not 0.0 <= self.train.stop_at_success <= 1.0:
             raise ConfigError(f"train.stop_at_success must be in [0, 1], got {self.train.stop_at_success}")
-        if self.policy.aux_input and not self.bc.aux_loss_coef > 0:
+        # tasks without aux labels (Meta-World) get aux_input turned off when training starts (wiring.fit_aux)
+        if self.policy.aux_input and not self.bc.aux_loss_coef > 0 and all(map(has_aux_labels, self.env.tasks)):
             raise ConfigError("policy.aux_input feeds the aux head's position estimate to the policy, which only the "
                               "aux loss teaches: set bc.aux_loss_coef > 0 (e.g. 1.0) or policy.aux_input=false")
         check_imagination(self)

@@ -14,29 +14,34 @@ from typing import Any
 import numpy as np
 
 from acce.checkpoint import load_checkpoint, save_checkpoint
-from acce.config import Config, KNOWN_TASKS
+from acce import task_names
+from acce.config import Config
 from acce.configlib import save_config, to_dict
 from acce.metrics import Metrics
 from acce.runtime.curriculum import TaskSampler
 from acce.runtime.evaluator import eval_scalars, format_eval
 
-TASK_BY_ID = dict(enumerate(sorted(KNOWN_TASKS)))
-"""task ids are positions in the sorted registry (sim.tasks.task_id)"""
+TASK_BY_ID = task_names.TASK_BY_ID
+"""task id -> name, tabletop tasks and Meta-World (acce.task_names.task_id)"""
 
 
-def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None):
-    """A fresh policy; aux_dim None = the sim's aux labels when the config trains an aux head (bc.aux_loss_coef)."""
+def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None, dims=None):
+    """A fresh policy; aux_dim None = the sim's aux labels when the config trains an aux head (bc.aux_loss_coef);
+    dims (wiring.EnvDims) None = read from cfg.env.tasks' envs (action size, action scale and control rate)."""
     import torch
 
     from acce.policy.norm import NormStats
     from acce.policy.vla import VLAPolicy
+    from acce.wiring import env_dims, sim_aux_dim
     if aux_dim is None:
-        from acce.wiring import sim_aux_dim
         aux_dim = sim_aux_dim() if cfg.bc.aux_loss_coef > 0 else 0
+    dims = dims or env_dims(cfg)
     torch.manual_seed(cfg.run.seed)
-    norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": 4, "range": [-1, 1],
-                                                      "max_step_m": 0.03, "control_hz": 10.0})
-    return VLAPolicy(cfg.policy, states.shape[1], 4, norm, cameras=cfg.env.cameras, aux_dim=aux_dim)
+    # what a robot bridge needs to execute the actions: both sims command end-effector deltas + a gripper effort
+    norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": dims.action_dim,
+                                                      "range": [-1, 1], "max_step_m": dims.max_step_m,
+                                                      "control_hz": dims.control_hz})
+    return VLAPolicy(cfg.policy, dims.state_dim, dims.action_dim, norm, cameras=cfg.env.cameras, aux_dim=aux_dim)
 
 
 def _env_states(cfg: Config, steps: int = 200) -> np.ndarray:
@@ -60,13 +65,15 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     from acce.config import CollectConfig
     from acce.runtime.learner import Learner
     from acce.store.episodes import EpisodeStore
-    from acce.wiring import make_sim_env, sim_aux_dim
+    from acce.wiring import env_dims, make_sim_env, sim_aux_dim
 
     demo_path = run_dir / "demos.zarr"
     aux = cfg.bc.aux_loss_coef > 0  # the demos then carry the privileged aux labels (targets, never inputs)
+    dims = env_dims(cfg)  # tabletop: 7-d state at 10 Hz; Meta-World: 4-d at 80 Hz
     store = EpisodeStore.open_or_create(demo_path, image_shapes={c: (cfg.env.image_size, cfg.env.image_size)
                                                                  for c in cfg.env.cameras},
-                                        state_dim=7, action_dim=4, control_hz=10.0, aux_dim=sim_aux_dim() if aux else 0)
+                                        state_dim=dims.state_dim, action_dim=dims.action_dim,
+                                        control_hz=dims.control_hz, aux_dim=sim_aux_dim() if aux else 0)
     missing = cfg.bc.episodes - len(store)
 
     def make_env(tasks, num_envs, **kw):
@@ -78,8 +85,9 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
                              num_envs=cfg.env.num_envs, out=str(demo_path))
         summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
-    data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
-    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim)
+    data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
+                       dims.action_dim)
+    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim, dims=dims)
     learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds
@@ -121,6 +129,8 @@ class Trainer:
     """Owns the driver side: budgets, logging, evaluation, checkpoints. The runtime owns the roles."""
 
     def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
+        from acce.wiring import fit_aux
+        cfg = fit_aux(cfg)  # Meta-World tasks: aux off (one printed line); saved so resume and eval see it too
         self.cfg, self.progress = cfg, progress
         if cfg.runtime.driver_threads > 0:
             import torch

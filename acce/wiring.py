@@ -2,7 +2,7 @@
 always lazily, so that `import acce` stays light and the roles stay placement- and simulator-agnostic."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 TEST_SEED_START = 1_000_000
 """first evaluation seed (sim.task.TEST_SEEDS.start; a test keeps them equal without importing sim here)"""
@@ -27,6 +27,55 @@ def sim_aux_dim() -> int:
     return AUX_DIM
 
 
+class EnvDims(NamedTuple):
+    state_dim: int
+    action_dim: int
+    control_hz: float
+    max_step_m: float
+    """end-effector motion of one unit action per control step (m)"""
+
+
+def env_dims(cfg) -> EnvDims:
+    """The observation/action sizes and control rate of cfg.env.tasks, read from one opened env per task (tabletop
+    tasks have a 7-d state at 10 Hz, Meta-World a 4-d one at 80 Hz; the vector env checks the tasks agree)."""
+    env = make_sim_env(cfg.env.tasks, 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
+                       task_params=cfg.env.task_params)
+    try:
+        return EnvDims(int(env.state_dim), int(env.action_dim), float(env.control_hz), float(env.max_step_m))
+    finally:
+        env.close()
+
+
+def fit_aux(cfg, *, verbose: bool = True):
+    """cfg with the perception aux path off when env.tasks have no aux labels (Meta-World), saying so in one line.
+
+    bc.aux_loss_coef and policy.aux_input need the sim's privileged positions (obs["aux"]), which only the tabletop
+    tasks record; presets turn them on for those, so a Meta-World run of a preset switches them off here instead of
+    failing. Tabletop and Meta-World tasks in one run are a ConfigError (no shared state size or control rate)."""
+    import dataclasses
+
+    from acce.configlib import ConfigError
+    from acce.task_names import has_aux_labels
+    tasks = cfg.env.tasks
+    without = [t for t in tasks if not has_aux_labels(t)]
+    aux_on = cfg.bc.aux_loss_coef > 0 or cfg.policy.aux_input
+    if without and len(without) < len(tasks):
+        with_aux = [t for t in tasks if has_aux_labels(t)]
+        why = (f", and Meta-World has no aux labels for bc.aux_loss_coef={cfg.bc.aux_loss_coef:g} / "
+               f"policy.aux_input={str(cfg.policy.aux_input).lower()}") if aux_on else ""
+        raise ConfigError(f"env.tasks mixes tabletop tasks {with_aux} with Meta-World tasks {without}: they differ in "
+                          f"state size and control rate, so one policy cannot act in both{why}; train them in "
+                          "separate runs")
+    if not without or not aux_on:
+        return cfg
+    if verbose:
+        changed = [f"bc.aux_loss_coef {cfg.bc.aux_loss_coef:g} -> 0"] * (cfg.bc.aux_loss_coef > 0) + \
+            ["policy.aux_input true -> false"] * cfg.policy.aux_input
+        print(f"acce: no aux labels in {', '.join(without)} (Meta-World): {', '.join(changed)}", flush=True)
+    return dataclasses.replace(cfg, bc=dataclasses.replace(cfg.bc, aux_loss_coef=0.0),
+                               policy=dataclasses.replace(cfg.policy, aux_input=False))
+
+
 def task_table() -> list[dict]:
     """Every registered task with its instructions (train and held-out), gym id, time limit and control rate."""
     from sim.tasks import GYM_IDS, TASKS, task_id
@@ -46,11 +95,12 @@ def make_latency_model(cfg, seed: int):
     d = cfg.delay
     if d.model == "fixed" and d.fixed_steps == 0:
         return None
+    control_hz = env_dims(cfg).control_hz  # seconds -> control steps: 10 Hz tabletop, 80 Hz Meta-World
     if d.model == "measured":
         from acce.runtime.worker import MeasuredLatency
-        return MeasuredLatency(control_hz=10.0)
+        return MeasuredLatency(control_hz=control_hz)
     from sim.latency import make_latency_model as make
-    return make(d.model, control_hz=10.0, seed=seed, fixed_steps=d.fixed_steps, low_s=d.low_s, high_s=d.high_s,
+    return make(d.model, control_hz=control_hz, seed=seed, fixed_steps=d.fixed_steps, low_s=d.low_s, high_s=d.high_s,
                 path=d.path or None)
 
 

@@ -167,10 +167,10 @@ class RobotRuntime:
         return self._summary(results)
 
     def _task(self) -> tuple[str, int]:
-        """(task name, task id): ids are positions in the sorted task registry; -1 for tasks sim/ does not know."""
-        from acce.config import KNOWN_TASKS  # light, unlike sim.tasks (MuJoCo): a real robot needs no simulator
+        """(task name, task id): acce.task_names ids (tabletop and Meta-World); -1 for tasks sim/ does not know."""
+        from acce.task_names import task_id  # light, unlike sim.tasks (MuJoCo): a real robot needs no simulator
         name = self.config.task or getattr(self.robot, "task", "") or "real"
-        return name, sorted(KNOWN_TASKS).index(name) if name in KNOWN_TASKS else -1
+        return name, task_id(name)
 
     def _episode(self, e: int) -> EpisodeResult:
         cfg, robot, io, ex, safety = self.config, self.robot, self.io, self.executor, self.safety

@@ -61,6 +61,8 @@ class TabletopEnv(gym.Env):
         self.scene = Scene(task.scene_spec(), image_size=self.image_size, camera=self.cameras[0])
         self.n_substeps = max(1, round(1.0 / (self.control_hz * self.scene.model.opt.timestep)))
         self.state_dim, self.action_dim = STATE_DIM, ACTION_DIM
+        self.max_step_m = float(cfg.max_step_m)
+        """fingertip motion one action of magnitude 1 commands (m per control step): the policy's action_repr"""
         obs_spaces: dict[str, spaces.Space] = {
             f"image/{c}": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8) for c in self.cameras}
         obs_spaces[STATE_KEY] = spaces.Box(-10.0, 10.0, (STATE_DIM,), np.float32)  # m, m/s, [0, 1]: far inside

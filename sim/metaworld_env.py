@@ -23,6 +23,7 @@ How Meta-World is driven (metaworld 3.0.0):
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import string
@@ -37,6 +38,8 @@ import gymnasium as gym  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 from gymnasium import spaces  # noqa: E402
+
+from acce.task_names import task_id  # noqa: E402
 
 TASK_PREFIX = "metaworld/"
 """registry prefix of Meta-World task names: "metaworld/reach-v3" """
@@ -74,6 +77,14 @@ _INSTRUCTIONS = {
     "coffee-button": "press the button on the coffee machine",
     "shelf-place": "pick up the puck and place it on the shelf",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaWorldTaskConfig:
+    """env.task_params of a Meta-World task, e.g. {metaworld/reach-v3: {max_steps: 150}}."""
+
+    max_steps: int = 0
+    """time limit in control steps (0: Meta-World's own, 500 at 80 Hz; the scripted reach expert needs ~50)"""
 
 
 def _bare_name(name: str) -> str:
@@ -142,6 +153,7 @@ class MetaWorldEnv(gym.Env):
 
         self.env_name = bare
         self.task_name = TASK_PREFIX + bare
+        self.task_id = task_id(self.task_name)  # 100 + sorted position: never a tabletop id (acce.task_names)
         self.instruction = metaworld_instruction(bare)
         self.image_size = int(image_size)
         self.render_mode = render_mode
@@ -166,6 +178,8 @@ class MetaWorldEnv(gym.Env):
         self.metadata = {**self.metadata, "render_fps": self.control_hz}
         self.state_dim = STATE_DIM
         self.action_dim = int(self._env.action_space.shape[0])
+        self.max_step_m = float(self._env.action_scale)
+        """hand motion one action of magnitude 1 commands (m per control step), as TabletopEnv.max_step_m"""
 
         self._cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
         if self._cam_id < 0:
@@ -203,7 +217,7 @@ class MetaWorldEnv(gym.Env):
         self._mw_obs, _ = self._env.reset()
         self._steps = 0
         self._needs_reset = False
-        return self.observe(), {"success": False}
+        return self.observe(), {"task": self.task_name, "task_id": self.task_id, "success": False}
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         reward, terminated, truncated, info = self.step_no_render(action)
@@ -246,7 +260,8 @@ class MetaWorldEnv(gym.Env):
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._needs_reset = terminated or truncated
         reward_terms = {k: float(v) for k, v in mw_info.items() if k not in ("success", "unscaled_reward")}
-        return float(reward), terminated, truncated, {"success": success, "reward_terms": reward_terms}
+        return float(reward), terminated, truncated, {"success": success, "reward_terms": reward_terms,
+                                                      "task": self.task_name, "task_id": self.task_id}
 
     def observe(self) -> dict[str, Any]:
         """Render the camera and read proprioception for the current physics state."""
@@ -259,8 +274,9 @@ class MetaWorldEnv(gym.Env):
         }
 
     # --- privileged helpers -------------------------------------------------------------------------------
-    def expert_action(self) -> np.ndarray:
-        """Meta-World's scripted policy for this task on the privileged observation: (4,) float32 in [-1, 1]."""
+    def expert_action(self, noise_std: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Meta-World's scripted policy for this task on the privileged observation, plus optional Gaussian noise
+        (TabletopEnv's signature, so demos and DAgger labels come from the same call): (4,) float32 in [-1, 1]."""
         if self._mw_obs is None:
             raise RuntimeError(f"{self.task_name}: call reset() before expert_action()")
         if self._expert is None:
@@ -271,6 +287,8 @@ class MetaWorldEnv(gym.Env):
             # Why: the scripted policies use large gains and warn on every call that the env will clip them.
             warnings.filterwarnings("ignore", message="Constant\\(s\\) may be too high")
             action = self._expert.get_action(self._mw_obs)
+        if noise_std > 0.0:
+            action = action + (rng or self.np_random).normal(0.0, noise_std, size=np.shape(action))
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     @property

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Obs, VecStep
-from sim.env import ACTION_DIM, STATE_DIM, TabletopEnv
+from sim.env import TabletopEnv
 from sim.task import TRAIN_SEEDS, TaskConfig
 
 TaskSampler = Callable[[np.random.Generator], str]
@@ -25,10 +25,11 @@ def make_single_env(task: str, *, image_size: int = 64, cameras: tuple[str, ...]
     """A tabletop task by name, or a Meta-World v3 task as "metaworld/<name>-v3" (same env contract)."""
     if task.startswith("metaworld/"):
         if aux_labels:
-            raise ValueError(f"{task} has no privileged aux labels (obs['aux']); set bc.aux_loss_coef=0 for "
-                             "Meta-World tasks")
+            raise ValueError(f"{task} has no privileged aux labels (obs['aux']); record Meta-World tasks with "
+                             "aux_labels=False (training turns bc.aux_loss_coef off for them by itself)")
         from sim.metaworld_env import make_metaworld_env  # lazy: Meta-World is heavy to import
-        return make_metaworld_env(task, image_size=image_size)
+        return make_metaworld_env(task, image_size=image_size,
+                                  max_episode_steps=getattr(task_config, "max_steps", 0) or None)
     return TabletopEnv(task, image_size=image_size, cameras=cameras, instruction_split=instruction_split,
                        task_config=task_config, aux_labels=aux_labels)
 
@@ -37,8 +38,12 @@ def task_config_from_params(task: str, params: dict[str, float]) -> TaskConfig:
     """Build a task's config from the env.task_params overrides, rejecting unknown fields with the valid ones."""
     import dataclasses
 
-    from sim.tasks import TASKS
-    cls = TASKS[task].config_cls
+    if task.startswith("metaworld/"):
+        from sim.metaworld_env import MetaWorldTaskConfig
+        cls = MetaWorldTaskConfig
+    else:
+        from sim.tasks import TASKS
+        cls = TASKS[task].config_cls
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(params) - names)
     if unknown:
@@ -90,17 +95,23 @@ class SimVectorEnv:
         self.episode_seeds = episode_seeds
         self.aux_labels = aux_labels
         self.rng = np.random.default_rng(seed)
-        self.action_dim, self.state_dim = ACTION_DIM, STATE_DIM
         self._envs: list[dict[str, TabletopEnv]] = [{} for _ in range(num_envs)]
         self.current: list[TabletopEnv | None] = [None] * num_envs
         self.seeds = np.zeros(num_envs, dtype=np.int64)
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.ever_success = np.zeros(num_envs, dtype=bool)
-        controls = {self._env(0, t).control_hz for t in self.tasks}
-        if len(controls) != 1:
-            raise ValueError(f"tasks in one vector env must share control_hz, got {sorted(controls)}")
-        self.control_hz = controls.pop()
+        # one policy acts in every slot: the tasks must agree on the observation, action and control rate
+        first = {t: self._env(0, t) for t in self.tasks}
+        for name in ("state_dim", "action_dim", "control_hz"):
+            values = {t: getattr(e, name) for t, e in first.items()}
+            if len(set(values.values())) != 1:
+                raise ValueError(f"tasks in one vector env must share {name}, got {values}; train tabletop and "
+                                 "Meta-World tasks in separate runs")
+        env = first[self.tasks[0]]
+        self.state_dim, self.action_dim, self.control_hz = env.state_dim, env.action_dim, env.control_hz
+        self.max_step_m = env.max_step_m
+        """the first task's action scale (m per unit action and control step), for the policy's action_repr"""
 
     def _env(self, i: int, task: str) -> TabletopEnv:
         if task not in self._envs[i]:

@@ -201,3 +201,49 @@ def test_render_mode_rgb_array(make_env):
     finally:
         env.close()
         env.close()  # idempotent
+
+
+def test_task_ids_are_stable_and_apart_from_tabletop(make_env):
+    # acce keeps its own copy of the names (it must not import metaworld to map episode ids back to tasks)
+    from acce.task_names import KNOWN_TASKS, METAWORLD_TASKS, TASK_BY_ID, task_id
+    names = metaworld_task_names()
+    assert tuple(n.removeprefix("metaworld/") for n in names) == METAWORLD_TASKS
+    ids = [task_id(n) for n in names]
+    assert ids == list(range(100, 150)) and not set(ids) & {task_id(t) for t in KNOWN_TASKS}
+    assert all(TASK_BY_ID[i] == n for i, n in zip(ids, names))
+    for name in ("reach-v3", "metaworld/push-v3"):
+        env = make_env(name)
+        assert env.task_id == task_id(env.task_name)
+        _, info = env.reset(seed=0)
+        assert info["task_id"] == env.task_id and env.step_no_render(np.zeros(4))[3]["task_id"] == env.task_id
+
+
+def test_expert_action_noise(make_env):
+    env = make_env("reach-v3")
+    env.reset(seed=0)
+    clean = env.expert_action()
+    noisy = env.expert_action(0.3, np.random.default_rng(0))
+    assert noisy.dtype == np.float32 and np.all(np.abs(noisy) <= 1.0) and not np.allclose(clean, noisy)
+
+
+def test_in_the_vector_env():
+    """The training/eval path: SimVectorEnv steps Meta-World slots, ids in obs and info, dims from the task."""
+    from sim.vector_env import SimVectorEnv, task_config_from_params
+    cfg = task_config_from_params("metaworld/reach-v3", {"max_steps": 6})
+    venv = SimVectorEnv(["metaworld/reach-v3"], 2, image_size=16, task_configs={"metaworld/reach-v3": cfg})
+    try:
+        assert (venv.state_dim, venv.action_dim, venv.control_hz, venv.max_step_m) == (4, 4, 80.0, 0.01)
+        obs = venv.reset(seeds=[0, 1])
+        assert obs["state"].shape == (2, 4) and obs["image/front"].shape == (2, 16, 16, 3)
+        np.testing.assert_array_equal(obs["task_id"], [140, 140])
+        assert venv.task_names == ["metaworld/reach-v3"] * 2
+        for t in range(6):
+            step = venv.step(venv.expert_actions(0.1), render=t % 2 == 1)
+        assert step.done.all() and list(step.info["task_id"]) == [140, 140]  # truncated at max_steps=6
+        assert step.final_obs[0]["state"].shape == (4,)
+    finally:
+        venv.close()
+    with pytest.raises(ValueError, match="share state_dim"):
+        SimVectorEnv(["reach", "metaworld/reach-v3"], 1, image_size=16)
+    with pytest.raises(ValueError, match="unknown field"):
+        task_config_from_params("metaworld/reach-v3", {"ball_speed_mps": 1})
