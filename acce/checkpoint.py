@@ -45,3 +45,32 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 def policy_from_checkpoint(data: dict[str, Any]):
     from acce.policy.vla import VLAPolicy
     return VLAPolicy.from_state(data["learner"]["policy"])
+
+
+RL_POLICY_FIELDS = ("critic", "residual_hidden")
+"""policy fields an RL run may set on top of a warm start (train.init_from): heads cloning never trains"""
+
+
+def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int):
+    """A warm start's policy with the RL heads the run's config asks for (policy.critic, policy.residual_hidden):
+    the cloned weights as saved, freshly built weights where a head is new or changed kind (cloning never trains
+    the value head, and a new residual starts at zero, so version 0 still acts as the warm start)."""
+    from acce.policy.config import PolicyConfig
+    from acce.policy.norm import NormStats
+    from acce.policy.vla import VLAPolicy
+    saved = policy_state["config"]
+    want = {f: getattr(policy_cfg, f) for f in RL_POLICY_FIELDS}
+    if all(saved.get(f, getattr(PolicyConfig, f)) == v for f, v in want.items()):
+        return VLAPolicy.from_state(policy_state)
+    state = {**policy_state, "config": {**saved, **want},
+             "privileged_dim": privileged_dim if want["critic"] == "privileged" else 0}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        built = VLAPolicy(PolicyConfig(**state["config"]), int(state["state_dim"]), int(state["action_dim"]),
+                          NormStats.from_dict(state["norm"]), tuple(state.get("cameras", ("front",))),
+                          vision_config=state.get("vision_config"), aux_dim=int(state.get("aux_dim", 0)),
+                          privileged_dim=int(state["privileged_dim"]))
+    fresh = ("value_head.",) if saved.get("critic", "trunk") != want["critic"] else ()
+    weights = dict(built.state_dict())
+    weights.update({k: v for k, v in policy_state["state_dict"].items() if k in weights and not k.startswith(fresh)})
+    return VLAPolicy.from_state({**state, "state_dict": weights})

@@ -110,6 +110,9 @@ def cmd_eval(args) -> int:
     import tempfile
     import yaml
 
+    if args.episodes <= 0:
+        raise ConfigError(f"--episodes must be positive, got {args.episodes}")
+    _check_task_names(args.task or [])  # before anything heavy is loaded
     data = load_checkpoint(args.checkpoint)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(data["config"], f)
@@ -119,7 +122,8 @@ def cmd_eval(args) -> int:
     server._version = int(data["learner"]["version"])
     tasks = args.task or list(cfg.env.tasks)
     ev = make_evaluator(cfg, server, tasks, args.episodes)
-    results = ev.run(video=bool(args.video_dir))
+    instructions = ("heldout", "train") if args.instructions == "both" else (args.instructions,)
+    results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir))
     videos = results.pop("videos")
     print(format_eval(results))
     if args.video_dir:
@@ -134,6 +138,14 @@ def cmd_eval(args) -> int:
         Path(args.out).write_text(json.dumps(results, indent=2))
         print(f"wrote {args.out}")
     return 0
+
+
+def _check_task_names(tasks: list[str]) -> None:
+    """Unknown task names fail in one line, before a checkpoint or a simulator is loaded."""
+    from acce.config import KNOWN_TASKS
+    bad = [t for t in tasks if t not in KNOWN_TASKS and not t.startswith("metaworld/")]
+    if bad:
+        raise ConfigError(f"unknown task(s) {bad}; known: {list(KNOWN_TASKS)} or metaworld/<name>-v3 (acce tasks)")
 
 
 def cmd_bench(args) -> int:
@@ -175,10 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint on test seeds (train and held-out paraphrases)")
+    p = sub.add_parser("eval", help="evaluate a checkpoint on test (reports) or validation (choices) seeds")
     p.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
     p.add_argument("--out", default=None, help="JSON result file")
-    p.add_argument("--episodes", type=int, default=50, help="test-seed episodes per task and split")
+    p.add_argument("--split", choices=("test", "val"), default="test",
+                   help="seed range: 'test' for numbers you report, 'val' for every choice (default test)")
+    p.add_argument("--instructions", choices=("heldout", "train", "both"), default="both",
+                   help="paraphrase set(s): held-out (reported), train, or both (default both)")
+    p.add_argument("--episodes", type=int, default=100, help="episodes per task and paraphrase set (default 100)")
     p.add_argument("--task", action="append", help="task(s) to evaluate; default: the run's tasks")
     p.add_argument("--video-dir", dest="video_dir", default=None, help="save one GIF per task here")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the checkpoint's config (e.g. delay.fixed_steps=4)")

@@ -184,6 +184,19 @@ class LearnerConfig:
     to what cloning taught (0: off)"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
+    train_scope: str = "all"
+    """what RL trains: 'all' (every trainable weight) or 'residual' (only policy.residual_hidden's residual head,
+    log_std and the critic: residual RL on the frozen warm start; the trunk's features come from one no-grad pass
+    per update and every minibatch reuses them, so an epoch costs a fraction of a full forward and backward)"""
+    target_kl: float = 0.0
+    """adaptive actor learning rate (0 = off, fixed learner.lr): per minibatch, the approx KL(π_prox ‖ π) of the
+    executed span already moved in this update; above 2x target the rate is divided by 1.5, below half of it (and
+    > 0) multiplied by 1.5, within [lr_min, lr_max] (rsl_rl's adaptive schedule). Keeps every update's step size
+    where PPO works whatever the batch, epochs and task; the rate starts at learner.lr and is checkpointed"""
+    lr_min: float = 1e-6
+    """lower bound of the adaptive learning rate (learner.target_kl)"""
+    lr_max: float = 1e-3
+    """upper bound of the adaptive learning rate (learner.target_kl)"""
     recompute_values: bool = True
     """recompute values with the current critic before advantages (else use the behavior values)"""
     normalize_values: bool = True
@@ -211,6 +224,11 @@ class LearnerConfig:
             raise ConfigError(f"learner.advantage must be 'gae' or 'vtrace', got {self.advantage!r}")
         if not 0 < self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise ConfigError("learner.gamma must be in (0, 1] and learner.lam in [0, 1]")
+        if self.train_scope not in ("all", "residual"):
+            raise ConfigError(f"learner.train_scope must be 'all' or 'residual', got {self.train_scope!r}")
+        if self.target_kl < 0 or (self.target_kl > 0 and not 0 < self.lr_min <= self.lr <= self.lr_max):
+            raise ConfigError(f"learner.target_kl must be >= 0 and learner.lr_min <= learner.lr <= learner.lr_max, got "
+                              f"{self.target_kl}, {self.lr_min} <= {self.lr} <= {self.lr_max}")
         if min(self.batch_segments, self.epochs, self.minibatches) <= 0:
             raise ConfigError("learner.batch_segments, learner.epochs and learner.minibatches must be positive")
 
@@ -296,13 +314,30 @@ class RuntimeConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every_versions: int = 200
-    """evaluate every this many learner versions (0: only at the end)"""
+    """evaluate on validation seeds every this many learner versions (0: no periodic evaluation); these drive
+    train.stop_at_success and every choice, never a reported number"""
     episodes_per_task: int = 20
-    """test-seed episodes per task and instruction split"""
+    """validation-seed episodes per task at each periodic evaluation"""
+    test_episodes_per_task: int = 100
+    """test-seed episodes per task at the version-0 and the final evaluation: the run's reported numbers"""
+    test_at_start: bool = True
+    """evaluate version 0 on test seeds too, so the summary shows what RL added beside what the warm start had"""
+    train_instructions: bool = False
+    """also evaluate with the train paraphrases (cells <task>/<split>/train_instr); reports use held-out ones"""
     num_envs: int = 8
     """envs stepped together during evaluation"""
     video: bool = True
     """log one evaluation episode per task as a TensorBoard video"""
+
+    def __post_init__(self) -> None:
+        if self.every_versions < 0 or self.episodes_per_task <= 0 or self.test_episodes_per_task <= 0:
+            raise ConfigError("eval.every_versions must be >= 0 and eval.episodes_per_task / "
+                              "eval.test_episodes_per_task positive")
+
+    @property
+    def instructions(self) -> tuple[str, ...]:
+        """paraphrase sets evaluated: held-out always, train paraphrases when train_instructions"""
+        return ("heldout", "train") if self.train_instructions else ("heldout",)
 
 
 @dataclass(frozen=True)
@@ -314,13 +349,14 @@ class TrainConfig:
     max_versions: int = 0
     """stop after this many learner versions (0: no limit)"""
     stop_at_success: float = 0.0
-    """stop once a periodic evaluation (eval.every_versions) reaches this held-out success on every task
-    (0 = off); `acce bench wm` uses it to measure env steps to a success level"""
+    """stop once a periodic evaluation (eval.every_versions, validation seeds) reaches this held-out success on
+    every task (0 = off); `acce bench wm` uses it to measure env steps to a success level"""
     init_from: str = ""
     """start from this checkpoint's policy weights and normalization (e.g. a shared warm start) at version 0;
     '' = build a new policy (and run the bc warm start if configured)"""
     final_eval: bool = True
-    """evaluate on test seeds at the end (benchmarks that only measure throughput turn it off)"""
+    """evaluate on test seeds at the end, and version 0 first (eval.test_at_start); benchmarks that only measure
+    throughput turn it off"""
     checkpoint_every_versions: int = 200
     """write an atomic checkpoint this often (and always at the end)"""
     log_every_s: float = 5.0
@@ -348,7 +384,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """where roles run and in which schedule"""
     eval: EvalConfig = field(default_factory=EvalConfig)
-    """periodic evaluation on test seeds"""
+    """periodic evaluation on validation seeds; version-0 and final evaluation on test seeds"""
     train: TrainConfig = field(default_factory=TrainConfig)
     """budgets and checkpoint cadence"""
     wm: WMConfig = field(default_factory=WMConfig)
@@ -375,6 +411,15 @@ class Config:
         if self.policy.aux_input and not self.bc.aux_loss_coef > 0 and all(map(has_aux_labels, self.env.tasks)):
             raise ConfigError("policy.aux_input feeds the aux head's position estimate to the policy, which only the "
                               "aux loss teaches: set bc.aux_loss_coef > 0 (e.g. 1.0) or policy.aux_input=false")
+        if self.learner.train_scope == "residual" and not self.policy.residual_hidden:
+            raise ConfigError("learner.train_scope=residual trains the RL residual head: set policy.residual_hidden > 0 "
+                              "(e.g. 256)")
+        if self.policy.critic == "privileged" and not self.learner.recompute_values:
+            raise ConfigError("policy.critic=privileged needs learner.recompute_values=true: actors stamp no "
+                              "privileged value, the learner computes it from the segments' obs['aux']")
+        if self.policy.critic == "privileged" and any(t.startswith("metaworld/") for t in self.env.tasks):
+            raise ConfigError("policy.critic=privileged reads the tabletop tasks' privileged labels; Meta-World tasks "
+                              "have none: use policy.critic=trunk")
         check_imagination(self)
 
 

@@ -18,9 +18,15 @@ def plot_learning_curve(curve: list[dict[str, Any]], evals: list[dict[str, Any]]
             pts = [(c[x_key], c[f"train/{task}"]) for c in curve if f"train/{task}" in c]
             if pts:
                 ax.plot(*zip(*pts), color=color, alpha=0.6, label=f"{task}: training episodes (rolling)")
-            ev = [(e[x_key], e[f"eval/success/{task}/heldout"]) for e in evals if f"eval/success/{task}/heldout" in e]
+            key = f"eval/success/{task}/val"
+            ev = [(e[x_key], e[key]) for e in evals if e.get("split", "val") == "val" and key in e]
             if ev:
-                ax.plot(*zip(*ev), "o-", color=color, label=f"{task}: eval, held-out paraphrases, test seeds")
+                ax.plot(*zip(*ev), "o-", color=color, label=f"{task}: eval, validation seeds")
+            key = f"eval/success/{task}/test"
+            test = [(e[x_key], e[key]) for e in evals if e.get("split") == "test" and key in e]
+            if test:  # version 0 and final: the reported numbers
+                ax.plot(*zip(*test), "s", color=color, markersize=9, markerfacecolor="none",
+                        label=f"{task}: test seeds (version 0, final)")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success rate")

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 
 from acce.checkpoint import load_checkpoint, save_checkpoint
-from acce import task_names
 from acce.config import Config
+from acce import task_names
 from acce.configlib import save_config, to_dict
+from acce.machine import machine_info
 from acce.metrics import Metrics
 from acce.runtime.curriculum import TaskSampler
-from acce.runtime.evaluator import eval_scalars, format_eval
+from acce.runtime.evaluator import eval_scalars, format_eval, format_rl_table
 
 TASK_BY_ID = task_names.TASK_BY_ID
 """task id -> name, tabletop tasks and Meta-World (acce.task_names.task_id)"""
@@ -41,7 +42,9 @@ def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None, di
     norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": dims.action_dim,
                                                       "range": [-1, 1], "max_step_m": dims.max_step_m,
                                                       "control_hz": dims.control_hz})
-    return VLAPolicy(cfg.policy, dims.state_dim, dims.action_dim, norm, cameras=cfg.env.cameras, aux_dim=aux_dim)
+    privileged = sim_aux_dim() if cfg.policy.critic == "privileged" else 0  # critic input (obs["aux"]) only
+    return VLAPolicy(cfg.policy, dims.state_dim, dims.action_dim, norm, cameras=cfg.env.cameras, aux_dim=aux_dim,
+                     privileged_dim=privileged)
 
 
 def _env_states(cfg: Config, steps: int = 200) -> np.ndarray:
@@ -164,7 +167,10 @@ class Trainer:
             return learner
         if cfg.train.init_from:
             from acce.checkpoint import load_checkpoint as load_ckpt
-            policy = VLAPolicy.from_state(load_ckpt(cfg.train.init_from)["learner"]["policy"])
+            from acce.checkpoint import policy_for_rl
+            from acce.wiring import sim_aux_dim
+            policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
+                                   sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
             return Learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = _bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
@@ -196,21 +202,29 @@ class Trainer:
         return RayRuntime(cfg, learner, make_env, **kw)
 
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
-    def evaluate(self, policy_state: dict[str, Any], version: int, video: bool) -> dict[str, Any]:
+    def evaluate(self, policy_state: dict[str, Any], version: int, video: bool, split: str = "val"
+                 ) -> dict[str, Any]:
+        """One evaluation of `policy_state`: 'val' seeds (periodic; choices) or 'test' seeds (version 0 and final;
+        reports). Its scalars go to TensorBoard and to a history row tagged with the split."""
         from acce.policy.vla import VLAPolicy
         from acce.runtime.inference import InferenceServer
         from acce.wiring import make_evaluator
         cfg = self.cfg
         server = InferenceServer(VLAPolicy.from_state(policy_state), deterministic=True)
         server._version = version
-        ev = make_evaluator(cfg, server, cfg.env.tasks, cfg.eval.episodes_per_task)
-        results = ev.run(video=video and cfg.eval.video)
+        episodes = cfg.eval.test_episodes_per_task if split == "test" else cfg.eval.episodes_per_task
+        ev = make_evaluator(cfg, server, cfg.env.tasks, episodes)
+        results = ev.run(split, instructions=cfg.eval.instructions, video=video and cfg.eval.video)
         self.metrics.scalars(eval_scalars(results), version)
         for task, frames in results.pop("videos").items():
-            self.metrics.video(f"eval/video/{task}", frames, version)
-        self.history.append({"version": version, "env_steps": self.counters["env_steps"],
+            self.metrics.video(f"eval/video/{split}/{task}", frames, version)
+        self.history.append({"version": version, "split": split, "env_steps": self.counters["env_steps"],
                              "wall_s": self.counters["wall_s"], **eval_scalars(results)})
         return results
+
+    def test_rows(self) -> list[dict[str, Any]]:
+        """History rows of the test-seed evaluations (version 0 first when eval.test_at_start, the final last)."""
+        return [h for h in self.history if h.get("split") == "test"]
 
     def checkpoint(self, runtime) -> Path:
         payload = {"config": to_dict(self.cfg), "learner": runtime.learner_state(),
@@ -239,8 +253,11 @@ class Trainer:
         results = None
         try:
             runtime.start()
-            if cfg.eval.every_versions and not self.history:  # the starting point (e.g. the BC warm start)
-                self.evaluate(runtime.policy_state(), start_version, video=False)
+            if not self.history:  # the starting point (e.g. the BC warm start): what RL's gain is measured from
+                if cfg.eval.every_versions:
+                    self.evaluate(runtime.policy_state(), start_version, video=False, split="val")
+                if cfg.train.final_eval and cfg.eval.test_at_start:
+                    self.evaluate(runtime.policy_state(), start_version, video=False, split="test")
             while not self._reached_target():  # (the warm start may already be there)
                 out = runtime.poll()
                 stats = runtime.stats()
@@ -265,7 +282,7 @@ class Trainer:
                     bar.set_postfix(self._postfix(stats, recent, elapsed), refresh=False)
                 if cfg.eval.every_versions and version - last_eval >= cfg.eval.every_versions:
                     last_eval = version
-                    self.evaluate(runtime.policy_state(), version, video=True)
+                    self.evaluate(runtime.policy_state(), version, video=True, split="val")
                 if version - last_ckpt >= cfg.train.checkpoint_every_versions:
                     last_ckpt = version
                     self.checkpoint(runtime)
@@ -286,7 +303,11 @@ class Trainer:
             # would otherwise never reach TensorBoard or the learning curve (a short run could log none at all)
             self._log_progress(final_stats, recent[-200:], final_stats["learner_version"],
                                self.counters["wall_s"] - wall0, recent_imagined[-200:])
-            results = self.evaluate(runtime.policy_state(), final_stats["learner_version"], video=True)
+            final_version = final_stats["learner_version"]
+            if cfg.eval.every_versions and self.history[-1:] and self.history[-1]["version"] != final_version:
+                self.evaluate(runtime.policy_state(), final_version, video=False, split="val")  # the curve's end
+            if cfg.train.final_eval:
+                results = self.evaluate(runtime.policy_state(), final_version, video=True, split="test")
             self.checkpoint(runtime)
         finally:
             bar.close()
@@ -299,15 +320,20 @@ class Trainer:
                             title=f"{cfg.run.name}: {cfg.runtime.kind}/{cfg.runtime.mode}")
         if self.progress and results is not None:
             print(format_eval(results))
+            rows = self.test_rows()
+            if len(rows) >= 2:
+                print(format_rl_table(rows[0], rows[-1], cfg.env.tasks))
             print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
                   f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
                   f"({summary['env_steps_per_s']:.0f} env steps/s); tensorboard --logdir {self.run_dir / 'tb'}")
         return summary
 
     def _reached_target(self) -> bool:
-        """train.stop_at_success: the latest evaluation has every task at or above the target (held-out)"""
-        target, last = self.cfg.train.stop_at_success, self.history[-1] if self.history else {}
-        return target > 0 and all(last.get(f"eval/success/{t}/heldout", 0.0) >= target for t in self.cfg.env.tasks)
+        """train.stop_at_success: the latest validation evaluation has every task at or above the target (held-out
+        paraphrases); test seeds never decide anything"""
+        target = self.cfg.train.stop_at_success
+        last = next((h for h in reversed(self.history) if h.get("split", "val") == "val"), {})
+        return target > 0 and all(last.get(f"eval/success/{t}/val", 0.0) >= target for t in self.cfg.env.tasks)
 
     def _budget_done(self, elapsed: float, version: int) -> bool:
         t = self.cfg.train
@@ -349,6 +375,18 @@ class Trainer:
         self.metrics.scalars(m, version)
         self.metrics.flush()
 
+    def _test_summary(self) -> dict[str, Any]:
+        """Version 0 and final test success per task (fractions), and what RL added."""
+        rows, tasks = self.test_rows(), self.cfg.env.tasks
+        pick = (lambda r: {t: r[f"eval/success/{t}/test"] for t in tasks if f"eval/success/{t}/test" in r})
+        out: dict[str, Any] = {}
+        if rows:
+            out["final"], out["final_version"] = pick(rows[-1]), rows[-1]["version"]
+        if len(rows) >= 2:
+            out["v0"], out["v0_version"] = pick(rows[0]), rows[0]["version"]
+            out["rl_added"] = _delta(rows[0], rows[-1], tasks)
+        return out
+
     def _summary(self, results, stats) -> dict[str, Any]:
         wall = self.counters["wall_s"]
         return {"learner_version": stats["learner_version"], "env_steps": self.counters["env_steps"],
@@ -356,7 +394,8 @@ class Trainer:
                 "actor_idle_frac": stats.get("actor_idle_frac"), "learner_idle_frac": stats.get("learner_idle_frac"),
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
-                "job_wall_s": time.time() - self.job_t0,
+                "job_wall_s": time.time() - self.job_t0, **machine_info(),
+                "test": self._test_summary(),
                 **{f"inference_{k.removeprefix('inference/')}": v
                    for k, v in inference_metrics(stats.get("server", {})).items()},
                 "imagination": {"imagined_steps": self.counters["imagined_steps"],
@@ -367,6 +406,11 @@ class Trainer:
                                    if k in self.metrics.last}} if "imagined_steps" in stats else None,
                 "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
                 "history": self.history, "curve": self.curve}
+
+
+def _delta(first: dict[str, Any], last: dict[str, Any], tasks) -> dict[str, float]:
+    return {t: last[f"eval/success/{t}/test"] - first[f"eval/success/{t}/test"] for t in tasks
+            if f"eval/success/{t}/test" in first and f"eval/success/{t}/test" in last}
 
 
 def train(cfg: Config, resume: str | None = None, progress: bool = True) -> dict[str, Any]:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-TEST_SEED_START = 1_000_000
-"""first evaluation seed (sim.task.TEST_SEEDS.start; a test keeps them equal without importing sim here)"""
+SEED_SPLIT_STARTS = {"val": 1_000_000, "test": 1_050_000}
+"""first seed of the validation and test ranges (sim.task.SEED_SPLITS; a test keeps them equal without importing sim
+here). Validation decides (periodic evaluations, early stopping, presets); test only reports"""
 
 
 def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_split: str = "train", seed: int = 0,
                  image_size: int = 64, cameras=("front",), task_params: dict | None = None,
                  task_sampler=None, episode_seeds=None, aux_labels: bool = False) -> Any:
-    from sim.task import TEST_SEEDS, TRAIN_SEEDS
+    from sim.task import SEED_SPLITS
     from sim.vector_env import SimVectorEnv, task_config_from_params
+
+    if seeds not in SEED_SPLITS:
+        raise ValueError(f"seeds must be one of {list(SEED_SPLITS)}, got {seeds!r}")
 
     configs = {t: task_config_from_params(t, p) for t, p in (task_params or {}).items()}
     return SimVectorEnv(tuple(tasks), num_envs, image_size=image_size, cameras=tuple(cameras),
-                        instruction_split=instruction_split, seed_range=TEST_SEEDS if seeds == "test" else TRAIN_SEEDS,
+                        instruction_split=instruction_split, seed_range=SEED_SPLITS[seeds],
                         seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds,
                         aux_labels=aux_labels)
 
@@ -119,7 +123,7 @@ class _RolloutEnvFactory:
             sampler = TaskSampler(cfg.env.tasks, "uniform")
         env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
                            image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
-                           task_sampler=sampler)
+                           task_sampler=sampler, aux_labels=cfg.policy.critic == "privileged")
         if cfg.env.step_latency_ms > 0:
             from sim.slow_env import SlowStepEnv
             env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id,
@@ -158,7 +162,7 @@ def eval_env_factory(cfg):
 
 
 def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None):
-    """The run's Evaluator: its test-seed envs, chunking and latency (default: cfg's model, seeded apart from
+    """The run's Evaluator: its evaluation envs (validation or test seeds per run() call), chunking and latency (default: cfg's model, seeded apart from
     training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks."""
     from acce.runtime.evaluator import Evaluator
     return Evaluator(eval_env_factory(cfg), server, tasks=list(tasks), episodes=episodes,

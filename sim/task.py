@@ -18,8 +18,14 @@ PAD_COLORS = ("yellow", "magenta", "cyan")
 
 TRAIN_SEEDS = range(0, 1_000_000)
 """episode seeds used for training and data collection"""
-TEST_SEEDS = range(1_000_000, 1_100_000)
+EVAL_SEEDS = range(1_000_000, 1_100_000)
 """episode seeds reserved for evaluation; disjoint from TRAIN_SEEDS so evaluation never leaks into training"""
+VALIDATION_SEEDS = range(1_000_000, 1_050_000)
+"""evaluation seeds for choices: periodic evaluations, early stopping, stop_at_success, presets, hyper-parameters"""
+TEST_SEEDS = range(1_050_000, 1_100_000)
+"""evaluation seeds for reported numbers only (a run's version-0 and final evaluation, `acce eval --split test`)"""
+SEED_SPLITS = {"train": TRAIN_SEEDS, "val": VALIDATION_SEEDS, "test": TEST_SEEDS}
+"""named seed ranges: training, validation, test"""
 INSTRUCTION_SPLITS = ("train", "heldout")
 AUX_DIM = 4
 """privileged auxiliary labels per frame (Task.aux_targets): the named object's table xy, then the goal's (m)"""

@@ -25,7 +25,11 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     assert (run / "checkpoints" / "latest.pt").is_file() and (run / "config.yaml").is_file()
     assert (run / "checkpoints" / "bc.pt").is_file() and (run / "learning_curve.png").is_file()
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
-    assert set(first["eval"]) == {"reach/train", "reach/heldout"}
+    assert set(first["eval"]) == {"reach/test"}  # reported cells: test seeds, held-out paraphrases
+    # version 0 and the final policy were both evaluated on the same test seeds (what RL added is in the summary)
+    assert [h["version"] for h in first["history"] if h["split"] == "test"] == [0, first["learner_version"]]
+    assert set(first["test"]["v0"]) == set(first["test"]["final"]) == set(first["test"]["rl_added"]) == {"reach"}
+    assert first["cpu_model"]
     # the warm start ran its DAgger round: policy episodes relabeled by the expert joined the 4 demos
     assert set(first["bc"]["dagger_round1_success"]) == {"reach"} and first["bc"]["bc_steps"] == 6
     # the perception aux path: demos recorded the privileged labels, the policy has the aux head feeding its state
@@ -48,7 +52,8 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     out = tmp_path / "eval.json"
     assert main(["eval", "--checkpoint", str(run), "--episodes", "3", "--out", str(out)]) == 0
     ev = json.loads(out.read_text())
-    assert ev["per_task"]["reach/heldout"]["n"] == 3 and ev["checkpoint_version"] == second["learner_version"]
+    assert ev["per_task"]["reach/test"]["n"] == ev["per_task"]["reach/test/train_instr"]["n"] == 3
+    assert ev["checkpoint_version"] == second["learner_version"] and ev["seed_split"] == "test"
     assert "95% CI" in capsys.readouterr().out
     # a new run can start from the warm start alone (version 0 again)
     assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", "run.name=from_bc",

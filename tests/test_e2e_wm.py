@@ -35,7 +35,7 @@ def test_debug_wm_trains_with_imagination_on_ray_and_resumes(tmp_path, ray_clust
     im = first["imagination"]
     assert im["queue/consumed/imagined"] > 0 and im["imagined_steps"] > 0 and im["imagined_episodes"] > 0
     assert im["wm/version"] >= 10 and im["wm/published_version"] >= 10 and im["wm/real_episodes"] >= 2
-    assert {k: v["n"] for k, v in first["eval"].items()} == {"reach/train": 4, "reach/heldout": 4}
+    assert {k: v["n"] for k, v in first["eval"].items()} == {"reach/test": 4}
     assert (run / "checkpoints" / "worldmodel.pt").is_file()
     tags = _tags(run / "tb")
     assert {"episode/return/imagined/reach", "episode/return/sim/reach", "queue/imagined_frac", "wm/version",

@@ -52,9 +52,9 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                             f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_ckpt}",
                             f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
                             f"train.max_env_steps={budget_steps}", "eval.every_versions=0",
-                            f"eval.episodes_per_task={eval_episodes}", "bc.steps=0", "bc.episodes=0"])
+                            f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0", "bc.episodes=0"])
                         s = Trainer(cfg, progress=False).run()
-                    r = s["eval"][f"{task}/heldout"]
+                    r = s["eval"][f"{task}/test"]
                     # at d = 0 the two learners are the same computation (tested), so one run serves both cells
                     for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
                         cells.setdefault(f"{task}/d{d}/{mode}", []).append(
@@ -94,7 +94,7 @@ def _evaluate(cfg, checkpoint: Path, episodes: int) -> dict[str, Any]:
     from acce.wiring import make_evaluator
     server = InferenceServer(policy_from_checkpoint(load_checkpoint(checkpoint)), deterministic=True)
     results = make_evaluator(cfg, server, cfg.env.tasks, episodes).run(video=False)
-    r = results["per_task"][f"{cfg.env.tasks[0]}/heldout"]
+    r = results["per_task"][f"{cfg.env.tasks[0]}/test"]
     return {"success_rate": r["success_rate"], "ci95": list(r["ci95"]), "n": r["n"]}
 
 

@@ -23,9 +23,10 @@ ARMS = ("model_free", "online", "pretrained")
 
 
 def steps_to_target(history: list[dict[str, Any]], task: str, target: float) -> tuple[int | None, float | None]:
-    """(env steps, wall s) at the first evaluation with held-out success >= target on `task`; (None, None) if never"""
+    """(env steps, wall s) at the first validation evaluation with held-out success >= target on `task`; (None, None)
+    if never"""
     for row in history:
-        if row.get(f"eval/success/{task}/heldout", -1.0) >= target:
+        if row.get("split", "val") == "val" and row.get(f"eval/success/{task}/val", -1.0) >= target:
             return int(row["env_steps"]), float(row["wall_s"])
     return None, None
 
@@ -109,8 +110,8 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
             row = {"seed": seed, "env_steps": s["env_steps"], "wall_s": s["wall_s"],
                    "imagined_steps": (s["imagination"] or {}).get("imagined_steps", 0),
                    "steps_to_target": {}, "wall_to_target_s": {},
-                   "final_success": {t: s["eval"][f"{t}/heldout"]["success_rate"] for t in tasks},
-                   "curve": [{k: v for k, v in h.items() if k in ("env_steps", "wall_s") or "/heldout" in k}
+                   "final_success": {t: s["eval"][f"{t}/test"]["success_rate"] for t in tasks},
+                   "curve": [{k: v for k, v in h.items() if k in ("env_steps", "wall_s") or k.endswith("/val")}
                              for h in hist]}
             for t in tasks:
                 row["steps_to_target"][t], row["wall_to_target_s"][t] = steps_to_target(hist, t, target)
@@ -133,7 +134,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
         for arm, seeds in result["runs"].items():
             for k, r in enumerate(seeds):
                 xs = [p["env_steps"] for p in r["curve"]]
-                ys = [p.get(f"eval/success/{task}/heldout", np.nan) for p in r["curve"]]
+                ys = [p.get(f"eval/success/{task}/val", np.nan) for p in r["curve"]]
                 ax.plot(xs, ys, "o-", ms=3, color=colors.get(arm), alpha=0.7, label=arm if k == 0 else None)
         ax.axhline(result["target"], color="k", lw=0.8, ls=":")
     plot_per_task(result["tasks"], draw, path, "real env steps")

@@ -85,6 +85,15 @@ class PolicyConfig:
     step and RL fine-tuning lowered a BC policy's reach success from 38 % to 14 %"""
     value_hidden: int = 128
     """hidden width of the value head's MLP (on the value query's trunk output)"""
+    residual_hidden: int = 0
+    """RL residual on the cloned action head (0 = off): the chunk mean is the cloned head's plus an MLP of this
+    hidden width on the action query's trunk output (read through a stop-gradient) and the normalized
+    proprioception; zero-initialised, so version 0 acts exactly as the warm start. With learner.train_scope=residual
+    RL trains only it, log_std and the critic (residual RL on a frozen warm start)"""
+    critic: str = "trunk"
+    """value head input: 'trunk' (the value query's trunk output) or 'privileged' (asymmetric: an MLP on the sim's
+    privileged object/goal positions obs["aux"], proprioception, instruction and committed prefix; a critic input
+    only, so the actor, evaluation, `acce serve` and robots never need privileged state)"""
     language: str = "minilm"
     """instruction encoder: 'minilm' (frozen all-MiniLM-L6-v2, default) or 'hash' (deterministic random vectors:
     fast tests, and a fallback when the MiniLM package is missing; carries no meaning across paraphrases)"""
@@ -135,6 +144,10 @@ class PolicyConfig:
             raise ConfigError("policy.aux_input needs policy.aux_from=keypoints (the trunk cannot feed its own input)")
         if self.mean_hidden < 0:
             raise ConfigError(f"policy.mean_hidden must be >= 0 (0 = linear head), got {self.mean_hidden}")
+        if self.residual_hidden < 0:
+            raise ConfigError(f"policy.residual_hidden must be >= 0 (0 = off), got {self.residual_hidden}")
+        if self.critic not in ("trunk", "privileged"):
+            raise ConfigError(f"policy.critic must be 'trunk' or 'privileged', got {self.critic!r}")
         if self.value_hidden <= 0:
             raise ConfigError(f"policy.value_hidden must be positive, got {self.value_hidden}")
         if self.vision_norm not in ("group", "frozen_batch"):

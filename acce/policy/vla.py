@@ -16,18 +16,19 @@ everything else. At d = 0 every one of these tokens is masked, so the outputs ar
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from acce.policy import gaussian
 from acce.policy.config import PolicyConfig
+from acce.policy.critic import PrivilegedCritic
 from acce.policy.language import LanguageEncoder, make_language_encoder
 from acce.policy.norm import NormStats
 from acce.policy.vision import VisionEncoder
-from acce.types import IMAGE_PREFIX, STATE_KEY
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY
 
 LANG_KEY = "lang"
 """batch key of the (B, 384) float32 instruction embeddings (policy.embed(instructions))"""
@@ -35,8 +36,6 @@ PREFIX_KEY = "prefix"
 """batch key of the committed prefix, (B, max_delay_steps, A) float32; rows past delay_steps are ignored"""
 DELAY_KEY = "delay_steps"
 """batch key of the inference delay d in control steps, (B,) int, 0 <= d <= max_delay_steps"""
-
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
@@ -58,10 +57,11 @@ class VLAPolicy(nn.Module):
 
     def __init__(self, config: PolicyConfig, state_dim: int, action_dim: int, norm: NormStats | None,
                  cameras: Sequence[str] = ("front",), *, vision_config: dict[str, Any] | None = None,
-                 aux_dim: int = 0) -> None:
+                 aux_dim: int = 0, privileged_dim: int = 0) -> None:
         """`cameras`: names of the image/<camera> keys the policy reads. `vision_config`: the backbone's stored
         transformers config (checkpoints pass it so no pretrained folder is needed to rebuild the network).
-        `aux_dim`: width of the perception auxiliary head (privileged object/goal positions, BC only; 0 = none)."""
+        `aux_dim`: width of the perception auxiliary head (privileged object/goal positions, BC only; 0 = none).
+        `privileged_dim`: width of obs["aux"] the privileged critic reads (policy.critic=privileged)."""
         super().__init__()
         if not isinstance(config, PolicyConfig):
             raise ValueError(f"VLAPolicy needs a PolicyConfig, got {type(config).__name__}")
@@ -85,7 +85,7 @@ class VLAPolicy(nn.Module):
             raise ValueError(f"cameras must be a non-empty list of distinct names, got {list(cameras)}")
         self.config = config
         self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
-        self.aux_dim = int(aux_dim)
+        self.aux_dim, self.privileged_dim = int(aux_dim), int(privileged_dim)
         self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
         self.image_keys = tuple(IMAGE_PREFIX + c for c in self.cameras)
         self._language: LanguageEncoder | None = None
@@ -128,12 +128,18 @@ class VLAPolicy(nn.Module):
             self.aux_head = (nn.Linear(width, self.aux_dim) if config.aux_from == "trunk" else nn.Sequential(
                 nn.Linear(2 * config.keypoints * len(self.cameras), config.value_hidden), nn.GELU(),
                 nn.Linear(config.value_hidden, self.aux_dim)))
-        self.value_head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.value_hidden), nn.GELU(),
-                                        nn.Linear(config.value_hidden, 1))
+        self.value_head = PrivilegedCritic(self.privileged_dim, state_dim, config.lang_dim, m * action_dim,
+                                           config.value_hidden) if config.critic == "privileged" else nn.Sequential(
+            nn.LayerNorm(width), nn.Linear(width, config.value_hidden), nn.GELU(), nn.Linear(config.value_hidden, 1))
         # Near-zero initial mean: the first policy explores around "do nothing" instead of a random bias.
         last = self.mean_head[-1] if config.mean_hidden else self.mean_head
         nn.init.normal_(last.weight, std=0.01)
         nn.init.zeros_(last.bias)
+        if config.residual_hidden:  # zero output at start: version 0 acts exactly as the warm start
+            self.residual = nn.Sequential(nn.Linear(width + state_dim, config.residual_hidden), nn.GELU(),
+                                          nn.Linear(config.residual_hidden, out))
+            nn.init.zeros_(self.residual[-1].weight)
+            nn.init.zeros_(self.residual[-1].bias)
         self.log_std = nn.Parameter(torch.full((horizon, action_dim), float(config.init_log_std)))
         # Derived from `norm`, which policy_state() stores on its own: one source of truth, so not persistent.
         self.register_buffer("state_mean", torch.from_numpy(norm.state_mean.copy()), persistent=False)
@@ -213,6 +219,9 @@ class VLAPolicy(nn.Module):
                                       "pass raw (unnormalized) proprioception as float32; the policy normalizes it")
         out[LANG_KEY] = self._tensor(batch, LANG_KEY, (torch.float32,), (b, self.config.lang_dim),
                                      "embed the instructions with policy.embed(instructions) or policy.with_lang(obs)")
+        if self.config.critic == "privileged" and batch.get(AUX_KEY) is not None:  # critic input only
+            out[AUX_KEY] = self._tensor(batch, AUX_KEY, (torch.float32,), (b, self.privileged_dim),
+                                        "obs['aux'] holds the sim's privileged positions (training envs only)")
         m = self.config.max_delay_steps
         if batch.get(PREFIX_KEY) is None:
             delay = batch.get(DELAY_KEY)
@@ -223,6 +232,8 @@ class VLAPolicy(nn.Module):
                 out[PREFIX_KEY] = torch.zeros(b, m, self.action_dim, device=self.device)
                 out[DELAY_KEY] = torch.zeros(b, dtype=torch.long, device=self.device)
             return out
+        if m == 0 and np.size(batch[PREFIX_KEY]) == 0 and not np.any(np.asarray(batch.get(DELAY_KEY, 0))):
+            return out  # the runtime's empty (B, 0, A) prefix at d = 0: nothing committed, nothing to read
         if m == 0:
             raise ValueError("this policy has max_delay_steps=0 and takes no 'prefix'; drop it or raise "
                              "policy.max_delay_steps")
@@ -244,6 +255,13 @@ class VLAPolicy(nn.Module):
     def forward(self, batch: Mapping[str, Any], return_aux: bool = False) -> tuple[torch.Tensor, ...]:
         """batch -> (mean (B, H, A), log_std (H, A) clamped, value (B,)), plus the aux head's prediction (B, P) when
         return_aux (the policy must have been built with aux_dim > 0)."""
+        feats = self.features(batch, return_aux)
+        mean, log_std, value = self.heads(feats)
+        return (mean, log_std, value, feats["aux"]) if return_aux else (mean, log_std, value)
+
+    def features(self, batch: Mapping[str, Any], return_aux: bool = False) -> dict[str, Any]:
+        """The expensive part (vision + trunk): what the heads read, per row. With learner.train_scope=residual the
+        learner computes it once per update and every minibatch reuses it (`heads`)."""
         if return_aux and not self.aux_dim:
             raise ValueError("this policy has no aux head (aux_dim=0); build it with aux_dim > 0 to predict aux targets")
         x = self._inputs(batch)
@@ -280,15 +298,26 @@ class VLAPolicy(nn.Module):
                                output_hidden_states=return_aux and layers != -1 and self.config.aux_from == "trunk")
         hidden = trunk_out.last_hidden_state  # (B, T, W)
         query = self.num_image_tokens + 2
-        mean = self.mean_head(hidden[:, query]).view(b, self.config.chunk_len, self.action_dim)  # (B, H, A)
-        value_in = hidden[:, query + 1]
-        value = self.value_head(value_in.detach() if self.config.value_stop_gradient else value_in).squeeze(-1)
+        if return_aux and aux is None:  # aux_from == "trunk"
+            aux = self.aux_head((hidden if layers == -1 else trunk_out.hidden_states[
+                layers + 1 if layers >= 0 else layers])[:, query])
+        return {"h_action": hidden[:, query], "h_value": hidden[:, query + 1],
+                "state": (x[STATE_KEY] - self.state_mean) / self.state_std, "lang": x[LANG_KEY],
+                "privileged": x.get(AUX_KEY), "prefix": x.get(PREFIX_KEY), "delay": x.get(DELAY_KEY), "aux": aux}
+
+    def heads(self, f: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """features(batch) (or rows of it) -> (mean (B, H, A), log_std (H, A) clamped, value (B,))."""
+        b, shape = f["h_action"].shape[0], (-1, self.config.chunk_len, self.action_dim)
+        mean = self.mean_head(f["h_action"]).view(shape)  # (B, H, A)
+        if self.config.residual_hidden:  # RL's correction on the cloned head, from frozen features
+            mean = mean + self.residual(torch.cat([f["h_action"].detach(), f["state"]], -1)).view(shape)
+        if self.config.critic == "privileged":
+            value = self.value_head(f["privileged"], f["state"], f["lang"], f["prefix"], f["delay"],
+                                    self.config.max_delay_steps)
+        else:
+            value_in = f["h_value"]
+            value = self.value_head(value_in.detach() if self.config.value_stop_gradient else value_in).squeeze(-1)
         log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)
-        if return_aux:
-            if aux is None:  # aux_from == "trunk"
-                aux = self.aux_head((hidden if layers == -1 else trunk_out.hidden_states[
-                    layers + 1 if layers >= 0 else layers])[:, query])
-            return mean, log_std, value, aux
         return mean, log_std, value
 
     @torch.no_grad()
@@ -314,36 +343,10 @@ class VLAPolicy(nn.Module):
         mask = torch.as_tensor(mask, device=self.device)
         return self.log_prob(mean, log_std, chunk, mask), self.entropy(log_std, mask), value
 
-    # --- Gaussian math (static: the learner can use it on stored means) -------------------------------------
-    @staticmethod
-    def log_prob_steps(mean: torch.Tensor, log_std: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
-        """(B, H): log N(chunk | mean, exp(log_std)^2) summed over action dims; log_std (H, A) or (B, H, A)."""
-        z = (chunk - mean) * torch.exp(-log_std)
-        return (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1)
-
-    @staticmethod
-    def _check_mask(mask: torch.Tensor, shape: tuple[int, ...]) -> None:
-        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(shape):
-            raise ValueError(f"mask must be bool {tuple(shape)} (True = executed position), got {mask.dtype} "
-                             f"{tuple(mask.shape)}")
-
-    @staticmethod
-    def log_prob(mean: torch.Tensor, log_std: torch.Tensor, chunk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B,): sum of Gaussian log-densities over the positions where mask (B, H) is True, all action dims.
-
-        Masked-out entries of `chunk` may hold anything (NaN padding included): they are replaced before any
-        arithmetic, so neither the value nor the gradient can see them."""
-        VLAPolicy._check_mask(mask, mean.shape[:2])
-        safe = torch.where(mask[..., None], chunk, mean.detach())  # (B, H, A)
-        steps = VLAPolicy.log_prob_steps(mean, log_std, safe)  # (B, H)
-        return torch.where(mask, steps, torch.zeros((), dtype=steps.dtype, device=steps.device)).sum(-1)
-
-    @staticmethod
-    def entropy(log_std: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B,): Gaussian entropy (0.5 + 0.5 log 2π + log σ per dim) summed over masked-in positions and dims."""
-        VLAPolicy._check_mask(mask, (mask.shape[0], log_std.shape[-2]))
-        steps = (0.5 + _HALF_LOG_2PI + log_std).sum(-1).expand(mask.shape)  # (B, H)
-        return torch.where(mask, steps, torch.zeros((), dtype=steps.dtype, device=steps.device)).sum(-1)
+    # --- Gaussian math (static: the learner can use it on stored means; acce.policy.gaussian) -----------------
+    log_prob_steps = staticmethod(gaussian.log_prob_steps)
+    log_prob = staticmethod(gaussian.log_prob)
+    entropy = staticmethod(gaussian.entropy)
 
     # --- state: checkpoints and weight publishing ------------------------------------------------------------
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
@@ -352,9 +355,14 @@ class VLAPolicy(nn.Module):
         names = {n for n, p in self.named_parameters() if p.requires_grad} | {n for n, _ in self.named_buffers()}
         return {k: v.detach().clone() for k, v in self.state_dict().items() if k in names}
 
-    def load_trainable(self, state: Mapping[str, Any]) -> None:
-        """Load a trainable_state_dict() snapshot; all keys and shapes are checked before anything is written."""
-        problem = _state_dict_mismatch(self.trainable_state_dict(), state)
+    def load_trainable(self, state: Mapping[str, Any], allow_subset: bool = False) -> None:
+        """Load a trainable_state_dict() snapshot; all keys and shapes are checked before anything is written.
+        allow_subset: missing keys are fine (an inference server: a learner that froze part of the policy,
+        learner.train_scope, publishes only the rest, and every actor holds the same version-0 frozen weights)."""
+        expected = self.trainable_state_dict()
+        if allow_subset:
+            expected = {k: v for k, v in expected.items() if k in state}
+        problem = _state_dict_mismatch(expected, state)
         if problem:
             raise ValueError(f"trainable weights do not match this policy ({problem}); were they published by a "
                              "policy with the same config, state_dim, action_dim and cameras?")
@@ -363,7 +371,7 @@ class VLAPolicy(nn.Module):
     def policy_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this policy offline: plain dict for torch.save / checkpoints."""
         return {"config": dataclasses.asdict(self.config), "state_dim": self.state_dim, "action_dim": self.action_dim,
-                "aux_dim": self.aux_dim,
+                "aux_dim": self.aux_dim, "privileged_dim": self.privileged_dim,
                 "cameras": list(self.cameras), "norm": self.norm.to_dict(),
                 "vision_config": self.vision.backbone_config(),
                 "state_dict": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}}
@@ -389,7 +397,7 @@ class VLAPolicy(nn.Module):
         with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
             policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
                          tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"),
-                         aux_dim=int(state.get("aux_dim", 0)))
+                         aux_dim=int(state.get("aux_dim", 0)), privileged_dim=int(state.get("privileged_dim", 0)))
         problem = _state_dict_mismatch(policy.state_dict(), state["state_dict"])
         if problem:
             raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")

@@ -1,8 +1,11 @@
-"""Evaluator: deterministic actions on test seeds, train and held-out paraphrases reported separately.
+"""Evaluator: deterministic actions on validation or test seeds, each instruction paraphrase set reported apart.
 
+Protocol (docs/design.md, "Evaluation"): validation seeds decide (periodic evaluations, early stopping,
+`train.stop_at_success`, presets); test seeds only report. A cell is (task, seed split) with held-out paraphrases,
+keyed "<task>/<split>" (e.g. "reach/test"); train paraphrases, when asked for, are "<task>/<split>/train_instr".
 It runs its own envs and its own deterministic inference server, with the same chunk timeline as training (so
 evaluation sees the same latency semantics); nothing it produces ever reaches the learner. Exactly the first
-`episodes` test seeds of each task are evaluated — never "the first episodes to finish", which would favour short
+`episodes` seeds of the split of each task are evaluated — never "the first episodes to finish", which would favour short
 (successful) episodes.
 """
 from __future__ import annotations
@@ -28,26 +31,37 @@ class Evaluator:
         self.chunk_len, self.exec_horizon, self.max_delay = chunk_len, exec_horizon, max_delay
         self.latency, self.delay_aware, self.max_steps = latency, delay_aware, max_steps
 
-    def run(self, splits=("train", "heldout"), video: bool = False) -> dict[str, Any]:
-        from acce.wiring import TEST_SEED_START
-        results: dict[str, Any] = {"per_task": {}, "videos": {}}
-        for split in splits:
+    def run(self, seed_split: str = "test", instructions=("heldout",), video: bool = False,
+            episodes: int | None = None) -> dict[str, Any]:
+        """seed_split: 'val' or 'test'; instructions: paraphrase sets, 'heldout' and/or 'train'."""
+        from acce.wiring import SEED_SPLIT_STARTS
+        if seed_split not in SEED_SPLIT_STARTS:
+            raise ValueError(f"seed_split must be one of {list(SEED_SPLIT_STARTS)}, got {seed_split!r}")
+        bad = [i for i in instructions if i not in ("heldout", "train")]
+        if bad or not instructions:
+            raise ValueError(f"instructions must be 'heldout' and/or 'train', got {list(instructions)}")
+        episodes = self.episodes if episodes is None else int(episodes)
+        results: dict[str, Any] = {"per_task": {}, "videos": {}, "seed_split": seed_split}
+        for split in instructions:
             for task in self.tasks:
-                seeds = [TEST_SEED_START + k for k in range(self.episodes)]
-                succ, lengths, returns, frames = self._run_task(task, split, seeds, video and split == "heldout")
+                seeds = [SEED_SPLIT_STARTS[seed_split] + k for k in range(episodes)]
+                succ, lengths, returns, frames = self._run_task(task, split, seeds, seed_split,
+                                                                video and split == "heldout")
                 lo, hi = wilson_interval(int(sum(succ)), len(succ))
-                results["per_task"][f"{task}/{split}"] = {
-                    "task": task, "split": split, "n": len(succ), "successes": int(sum(succ)),
+                key = f"{task}/{seed_split}" + ("" if split == "heldout" else "/train_instr")
+                results["per_task"][key] = {
+                    "task": task, "seed_split": seed_split, "split": split, "n": len(succ),
+                    "successes": int(sum(succ)),
                     "success_rate": float(np.mean(succ)), "ci95": [lo, hi], "mean_length": float(np.mean(lengths)),
                     "mean_return": float(np.mean(returns)), "seeds": [seeds[0], seeds[-1]]}
                 if frames is not None:
                     results["videos"][task] = frames
         return results
 
-    def _run_task(self, task: str, split: str, seeds: list[int], video: bool):
+    def _run_task(self, task: str, split: str, seeds: list[int], seed_split: str, video: bool):
         n_env = min(self.num_envs, len(seeds))
         seed_iter = iter(seeds[n_env:] + list(range(_SPARE_SEEDS, _SPARE_SEEDS + 10 * n_env + 1000)))
-        env = self.make_env([task], n_env, seeds="test", instruction_split=split, episode_seeds=seed_iter)
+        env = self.make_env([task], n_env, seeds=seed_split, instruction_split=split, episode_seeds=seed_iter)
         target = set(seeds)
         outcome: dict[int, tuple[bool, int, float]] = {}
         frames: list[np.ndarray] | None = [] if video else None
@@ -103,19 +117,34 @@ def eval_scalars(results: dict[str, Any]) -> dict[str, float]:
     for key, r in results["per_task"].items():
         out[f"eval/success/{key}"] = r["success_rate"]
         out[f"eval/return/{key}"] = r["mean_return"]
-    for split in ("train", "heldout"):
-        rates = [r["success_rate"] for r in results["per_task"].values() if r["split"] == split]
+    split = results.get("seed_split", "test")
+    for instructions, suffix in (("heldout", ""), ("train", "/train_instr")):
+        rates = [r["success_rate"] for r in results["per_task"].values() if r["split"] == instructions]
         if rates:
-            out[f"eval/success_mean/{split}"] = float(np.mean(rates))
+            out[f"eval/success_mean/{split}{suffix}"] = float(np.mean(rates))
     return out
 
 
 def format_eval(results: dict[str, Any]) -> str:
-    lines = [f"{'task':<12}{'split':<9}{'success':>9}  {'95% CI':<16}{'n':>4}{'mean len':>10}"]
+    split = results.get("seed_split", "test")
+    first = results["per_task"][next(iter(results["per_task"]))]["seeds"][0]
+    what = "test seeds (reported numbers only)" if split == "test" else "validation seeds (for choices, not reports)"
+    lines = [f"{what} {first}+, disjoint from training seeds; 'heldout' = paraphrases never seen in training",
+             f"{'task':<22}{'instructions':<14}{'success':>9}  {'95% CI':<16}{'n':>4}{'mean len':>10}"]
     for r in results["per_task"].values():
         lo, hi = r["ci95"]
-        lines.append(f"{r['task']:<12}{r['split']:<9}{r['success_rate']:>9.1%}  [{lo:5.1%}, {hi:5.1%}]  "
+        lines.append(f"{r['task']:<22}{r['split']:<14}{r['success_rate']:>9.1%}  [{lo:5.1%}, {hi:5.1%}]  "
                      f"{r['n']:>4}{r['mean_length']:>10.1f}")
-    lines.append(f"test seeds {results['per_task'][next(iter(results['per_task']))]['seeds'][0]}+ (disjoint from "
-                 "training seeds); held-out paraphrases never seen in training")
-    return lines and "\n".join(lines)
+    return "\n".join(lines)
+
+
+def format_rl_table(first: dict[str, float], last: dict[str, float], tasks, split: str = "test") -> str:
+    """Version 0 beside the final evaluation per task (history rows with eval/success/<task>/<split>): what RL
+    added, and what the warm start already had."""
+    lines = [f"{'task':<22}{'version 0':>11}{'final':>9}{'RL added':>11}   ({split} seeds, held-out paraphrases; "
+             f"versions {int(first.get('version', 0))} -> {int(last.get('version', 0))})"]
+    for task in tasks:
+        key = f"eval/success/{task}/{split}"
+        if key in first and key in last:
+            lines.append(f"{task:<22}{first[key]:>11.1%}{last[key]:>9.1%}{100 * (last[key] - first[key]):>+10.1f}p")
+    return "\n".join(lines)

@@ -82,7 +82,7 @@ class InferenceServer:
 
         version, state = self._staged
         t0 = time.perf_counter()
-        self.policy.load_trainable({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+        self.policy.load_trainable({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, allow_subset=True)
         self._version, self._staged = version, None
         ms = (time.perf_counter() - t0) * 1000.0
         self.stats["swaps"] += 1

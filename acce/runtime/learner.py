@@ -47,6 +47,12 @@ def collate(segments: Sequence[Segment]) -> dict[str, Any]:
             "delay_steps": stack("delay_steps")}
 
 
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): 1 = the critic predicts the targets, <= 0 = no better than their mean"""
+    var = float(returns.var()) if returns.numel() > 1 else 0.0
+    return 1.0 - float((returns - values).var()) / var if var > 0 else 0.0
+
+
 def _select(inputs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
     return {k: ([v[i] for i in idx] if k == INSTRUCTION_KEY else v[idx]) for k, v in inputs.items()}
 
@@ -55,6 +61,10 @@ class Learner:
     def __init__(self, policy, cfg, *, seed: int = 0):
         """cfg: acce.config.LearnerConfig."""
         self.policy, self.cfg = policy, cfg
+        self.actor_lr = float(cfg.lr)
+        """the actor's current learning rate (adapted when learner.target_kl > 0)"""
+        self.rl_started = False
+        """set by the first RL update: from then on learner.train_scope decides what trains"""
         self.reset_optimizer()
         self.version = 0
         self.rng = np.random.default_rng(seed)
@@ -78,11 +88,28 @@ class Learner:
         ref.requires_grad_(False)
         return ref
 
+    RL_SCOPE_PREFIXES = ("residual.", "log_std", "value_head.")
+    """what learner.train_scope=residual trains: the RL residual, the exploration noise and the critic"""
+
+    def start_rl(self) -> None:
+        """Before the first RL update (and on resuming one): apply learner.train_scope. 'residual' freezes every
+        other weight (and publishes only what trains); the residual head joins the optimizer only now, so cloning
+        never trains it."""
+        if self.rl_started:
+            return
+        self.rl_started = True
+        if self.cfg.train_scope == "residual":
+            for name, p in self.policy.named_parameters():
+                if not name.startswith(self.RL_SCOPE_PREFIXES):
+                    p.requires_grad_(False)
+        self.reset_optimizer()
+
     def reset_optimizer(self, lr: float | None = None) -> None:
         """Fresh Adam moments at `lr` (default learner.lr): the BC warm start uses its own rate, and RL must not
         inherit supervised momentum."""
-        lr = self.cfg.lr if lr is None else lr
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        lr = self.actor_lr if lr is None else lr
+        params = [p for n, p in self.policy.named_parameters() if p.requires_grad
+                  and (self.rl_started or not n.startswith("residual."))]
         critic_lr = self.cfg.critic_lr
         if critic_lr > 0 and self.policy.config.value_stop_gradient:
             # the stop-gradient critic head learns at its own rate: its targets (returns of -20 .. +10) are far from
@@ -102,17 +129,21 @@ class Learner:
         return {"policy": self.policy.policy_state(), "optimizer": self.optimizer.state_dict(),
                 "version": self.version, "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "excluded_segments": self.excluded_segments,
+                "actor_lr": self.actor_lr, "rl_started": self.rl_started,
                 "updates": self.updates, "ret_stats": list(self.ret_stats),
                 "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps,
                 "ref_policy": None if self.ref_policy is None else self.ref_policy.policy_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"]["state_dict"])
+        if state.get("rl_started"):  # the saved optimizer holds the RL parameter set
+            self.start_rl()
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
         self.ret_stats = list(state.get("ret_stats", [0, 0.0, 0.0]))
+        self.actor_lr = float(state.get("actor_lr", self.cfg.lr))
         for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
         ref = state.get("ref_policy")
@@ -128,6 +159,16 @@ class Learner:
         critic = {id(p) for p in self.policy.value_head.parameters()}
         torch.nn.utils.clip_grad_norm_([p for p in params if id(p) in critic], self.cfg.max_grad_norm)
         return torch.nn.utils.clip_grad_norm_([p for p in params if id(p) not in critic], self.cfg.max_grad_norm)
+
+    def _adapt_lr(self, approx_kl: float) -> None:
+        """learner.target_kl: KL this update has moved so far above 2x target -> lr / 1.5, below half -> lr * 1.5
+        (KL 0 is the update's first minibatch, where nothing moved yet: no signal)."""
+        cfg = self.cfg
+        if approx_kl > 2.0 * cfg.target_kl:
+            self.actor_lr = max(cfg.lr_min, self.actor_lr / 1.5)
+        elif 0.0 < approx_kl < 0.5 * cfg.target_kl:
+            self.actor_lr = min(cfg.lr_max, self.actor_lr * 1.5)
+        self.optimizer.param_groups[0]["lr"] = self.actor_lr  # group 0 is the actor's (or the only one)
 
     # --- update -------------------------------------------------------------------------------------------------
     def admit(self, segments: Sequence[Segment]) -> tuple[list[Segment], dict[str, float]]:
@@ -146,8 +187,15 @@ class Learner:
         cfg, b, t = self.cfg, data["B"], data["T"]
         self.policy.eval()
         mask = torch.as_tensor(data["mask"])
-        logp_prox, _, values = self.policy.evaluate(self.policy.with_lang(data["inputs"]), torch.as_tensor(
-            data["chunk"]), mask)
+        inputs = self.policy.with_lang(data["inputs"])
+        feats = self.policy.features(inputs)  # (cached for every minibatch when only the heads train)
+        mean, log_std, values = self.policy.heads(feats)
+        logp_prox = self.policy.log_prob(mean, log_std, torch.as_tensor(data["chunk"]), mask)
+        cached = {}
+        if self.cfg.train_scope == "residual":
+            cached["feats"] = feats
+            if self.cfg.ref_kl_coef > 0:
+                cached["ref_mean"], cached["ref_log_std"], _ = self.ref_policy(inputs)
         _, _, boot_values = self.policy(self.policy.with_lang(data["boot"]))
         values = values.view(b, t)
         if not cfg.recompute_values:
@@ -171,7 +219,7 @@ class Learner:
         if cfg.normalize_values:
             self._update_value_stats(returns.reshape(-1))
         mu, sigma = self.value_stats()
-        return {"adv": adv.reshape(-1), "returns": returns.reshape(-1), "logp_prox": logp_prox,
+        return {**cached, "adv": adv.reshape(-1), "returns": returns.reshape(-1), "logp_prox": logp_prox,
                 "behavior_logp": behavior_logp.reshape(-1), "old_values": values.reshape(-1),
                 "returns_std": (returns.reshape(-1) - mu) / sigma, "old_values_std": (values.reshape(-1) - mu) / sigma}
 
@@ -197,6 +245,7 @@ class Learner:
         if not segments:
             return metrics
         cfg = self.cfg
+        self.start_rl()
         if cfg.ref_kl_coef > 0:
             self.anchor_reference()
         data = collate(segments)
@@ -214,8 +263,12 @@ class Learner:
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx)
-                batch = self.policy.with_lang(_select(data["inputs"], idx))
-                mean, log_std, values = self.policy(batch)
+                if "feats" in tg:  # train_scope=residual: trunk features from the no-grad pass, heads only
+                    mean, log_std, values = self.policy.heads({k: None if v is None else v[it]
+                                                               for k, v in tg["feats"].items()})
+                else:
+                    batch = self.policy.with_lang(_select(data["inputs"], idx))
+                    mean, log_std, values = self.policy(batch)
                 logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
                 entropy = self.policy.entropy(log_std, mask[it])
                 args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
@@ -226,10 +279,15 @@ class Learner:
                 vl = value_loss(values, tg["returns_std"][it], tg["old_values_std"][it], clip=cfg.value_clip)
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
+                if cfg.target_kl > 0 and pg_weight > 0:
+                    self._adapt_lr(stats["is/approx_kl"])
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
                 if cfg.ref_kl_coef > 0:  # (anchored above)
-                    with torch.no_grad():
-                        ref_mean, ref_log_std, _ = self.ref_policy(batch)
+                    if "ref_mean" in tg:
+                        ref_mean, ref_log_std = tg["ref_mean"][it], tg["ref_log_std"]
+                    else:
+                        with torch.no_grad():
+                            ref_mean, ref_log_std, _ = self.ref_policy(batch)
                     kl = gaussian_kl(mean, log_std, ref_mean, ref_log_std)
                     loss = loss + cfg.ref_kl_coef * kl
                     stats = {**stats, "loss/ref_kl": kl.item()}
@@ -250,7 +308,8 @@ class Learner:
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
                         "learner/value_scale": self.value_stats()[1],
-                        "learner/log_std_mean": self.policy.log_std.mean().item(),
+                        "learner/log_std_mean": self.policy.log_std.mean().item(), "learner/lr": self.actor_lr,
+                        "learner/explained_var": _explained_variance(tg["old_values"], tg["returns"]),
                         "delay/steps_mean": float(data["delay_steps"].mean()),
                         "delay/steps_max": float(data["delay_steps"].max()),
                         "delay/exec_len_mean": float(data["exec_len"].mean()),

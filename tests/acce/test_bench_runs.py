@@ -36,7 +36,7 @@ def _delay_outcome(cfg):
     task, d = cfg.env.tasks[0], cfg.delay.fixed_steps
     k = 8 - (d // 2) * (1 if cfg.learner.delay_correction else 2) + cfg.run.seed % 2
     return {"env_steps": cfg.train.max_env_steps, "wall_s": 1.0,
-            "eval": {f"{task}/heldout": {"successes": k, "n": 10, "success_rate": k / 10}}}
+            "eval": {f"{task}/test": {"successes": k, "n": 10, "success_rate": k / 10}}}
 
 
 def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tmp_path):
@@ -71,14 +71,14 @@ def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
     (tmp_path / "reach_bc" / "checkpoints" / "bc.pt").write_bytes(b"x")
     (tmp_path / "reach_s0_d0_aware").mkdir()
     (tmp_path / "reach_s0_d0_aware" / "summary.json").write_text(json.dumps(
-        {"env_steps": 7, "wall_s": 1.0, "eval": {"reach/heldout": {"successes": 1, "n": 10, "success_rate": 0.1}}}))
+        {"env_steps": 7, "wall_s": 1.0, "eval": {"reach/test": {"successes": 1, "n": 10, "success_rate": 0.1}}}))
     out = delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), workdir=str(tmp_path))
     assert fake_trainer.made == []  # warm start and the only cell were already there
     assert out["cells"]["reach/d0/aware"]["success_mean"] == pytest.approx(0.1)
 
 
 def _history(*points):
-    return [{"env_steps": s, "wall_s": s / 100, "eval/success/reach/heldout": r, "eval/success/push/heldout": p}
+    return [{"env_steps": s, "wall_s": s / 100, "eval/success/reach/val": r, "eval/success/push/val": p}
             for s, r, p in points]
 
 
@@ -123,7 +123,7 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
         fast = 1000 if cfg.imagination.wm_init_from else 2000 if cfg.imagination.enabled else 4000
         hist = _history((0, 0.5, 0.5), (fast, 0.85, 0.9))
         return {"env_steps": fast, "wall_s": 1.0, "imagination": None, "history": hist,
-                "eval": {"reach/heldout": {"success_rate": 0.85}, "push/heldout": {"success_rate": 0.9}}}
+                "eval": {"reach/test": {"success_rate": 0.85}, "push/test": {"success_rate": 0.9}}}
     fake_trainer.outcome = staticmethod(outcome)
     (tmp_path / "model_free_s1").mkdir()  # finished by an interrupted bench: reused, not run again
     (tmp_path / "model_free_s1" / "summary.json").write_text(json.dumps(

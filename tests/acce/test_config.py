@@ -109,10 +109,14 @@ def test_stop_at_success_wants_every_task_at_target():
     t.cfg = load(overrides=["env.tasks=[reach,push]", "train.stop_at_success=0.8"])
     t.history = []
     assert not t._reached_target()
-    t.history = [{"eval/success/reach/heldout": 0.9, "eval/success/push/heldout": 0.7}]
+    t.history = [{"split": "val", "eval/success/reach/val": 0.9, "eval/success/push/val": 0.7}]
     assert not t._reached_target()
-    t.history.append({"eval/success/reach/heldout": 0.8, "eval/success/push/heldout": 0.85})
+    t.history.append({"split": "val", "eval/success/reach/val": 0.8, "eval/success/push/val": 0.85})
     assert t._reached_target()
+    # test seeds never decide: a later test row at the target changes nothing
+    t.history = [{"split": "val", "eval/success/reach/val": 0.1, "eval/success/push/val": 0.1},
+                 {"split": "test", "eval/success/reach/test": 1.0, "eval/success/push/test": 1.0}]
+    assert not t._reached_target()
     t.cfg = load(overrides=["env.tasks=[reach,push]"])  # 0 = off
     assert not t._reached_target()
 

@@ -186,3 +186,32 @@ def test_reference_kl_anchors_rl_to_the_starting_policy_and_survives_checkpoints
     resumed.load_state_dict(learner.state_dict())
     resumed.update([segment([1, 1, 0, 0])])
     assert all(torch.equal(resumed.ref_policy.state_dict()[k], v) for k, v in start.items())
+
+
+def test_adaptive_learning_rate_follows_the_kl_target():
+    """target_kl 0.01: KL 0.03 > 2x target -> lr / 1.5; KL 0.004 < target / 2 -> lr * 1.5; KL 0 (first minibatch)
+    and KL inside [0.005, 0.02] leave it; bounds hold; the rate survives a checkpoint."""
+    _, learner = make_learner(["learner.target_kl=0.01", "learner.lr=3e-4", "learner.lr_max=4e-4"])
+    learner._adapt_lr(0.03)
+    assert learner.actor_lr == pytest.approx(2e-4) and learner.optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
+    assert learner.optimizer.param_groups[1]["lr"] == learner.cfg.critic_lr  # the critic keeps its own rate
+    for kl in (0.0, 0.005, 0.02):
+        learner._adapt_lr(kl)
+        assert learner.actor_lr == pytest.approx(2e-4)
+    learner._adapt_lr(0.004)
+    assert learner.actor_lr == pytest.approx(3e-4)
+    learner._adapt_lr(0.004)
+    assert learner.actor_lr == pytest.approx(4e-4)  # 4.5e-4 capped at lr_max
+    state = learner.state_dict()
+    _, fresh = make_learner(["learner.target_kl=0.01", "learner.lr=3e-4", "learner.lr_max=4e-4"])
+    fresh.load_state_dict(state)
+    assert fresh.actor_lr == pytest.approx(4e-4) and fresh.optimizer.param_groups[0]["lr"] == pytest.approx(4e-4)
+
+
+def test_explained_variance_by_hand():
+    from acce.runtime.learner import _explained_variance
+    returns = torch.tensor([1.0, 2.0, 3.0, 4.0])  # unbiased variance 5/3
+    assert _explained_variance(returns, returns) == pytest.approx(1.0)
+    assert _explained_variance(torch.full((4,), 2.5), returns) == pytest.approx(0.0)
+    # errors (0.5, -0.5, 0.5, -0.5): variance 1/3 -> 1 - (1/3) / (5/3) = 0.8
+    assert _explained_variance(returns + torch.tensor([0.5, -0.5, 0.5, -0.5]), returns) == pytest.approx(0.8)

@@ -47,12 +47,16 @@ def run_updates(rt, n_updates):
 def test_async_at_zero_staleness_equals_sync():
     _, learner_s, rt_s = make_runtime(["runtime.mode=sync"])
     _, learner_a, rt_a = make_runtime(["runtime.mode=async", "learner.max_staleness=0"])
+    start = {k: v.clone() for k, v in learner_s.policy.state_dict().items()}
     try:
         up_s, up_a = run_updates(rt_s, 3), run_updates(rt_a, 3)
         assert learner_s.version == learner_a.version == 6
         assert all(u["staleness/max"] == 0 for u in up_s + up_a)
         for (name, p_s), (_, p_a) in zip(learner_s.policy.named_parameters(), learner_a.policy.named_parameters()):
             assert torch.equal(p_s, p_a), name
+        # equal because both learned the same thing, not because neither moved: actor and critic both changed
+        moved = {k for k, v in learner_s.policy.state_dict().items() if not torch.equal(v, start[k])}
+        assert {"log_std", "mean_head.weight"} <= moved and any(k.startswith("value_head.") for k in moved)
     finally:
         rt_s.shutdown()
         rt_a.shutdown()

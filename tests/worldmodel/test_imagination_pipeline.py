@@ -277,14 +277,15 @@ def test_imagined_data_never_reaches_evaluation_nor_the_curriculum(tmp_path, mon
     monkeypatch.setattr(Trainer, "make_runtime", lambda self, learner: captured.setdefault(
         "rt", make_runtime(self, learner)))
     cfg = load(None, PIPELINE + [f"run.out_dir={tmp_path}", "run.name=iso", "train.max_wall_s=0",
-                                 "train.max_versions=24", "eval.every_versions=0", "eval.episodes_per_task=2",
+                                 "train.max_versions=24", "eval.every_versions=0", "eval.test_episodes_per_task=2",
+                                 "eval.test_at_start=false", "eval.train_instructions=true",
                                  "eval.num_envs=2", "eval.video=false", "train.log_every_s=0"])
     trainer = Trainer(cfg, progress=False)
     summary = trainer.run()
     im = summary["imagination"]
     assert im["queue/consumed/imagined"] > 0 and trainer.counters["imagined_episodes"] > 0, "imagination was off"
     assert eval_envs and not any(isinstance(e, ImaginedEnv) for e in eval_envs)
-    assert {k: v["n"] for k, v in summary["eval"].items()} == {"reach/train": 2, "reach/heldout": 2}
+    assert {k: v["n"] for k, v in summary["eval"].items()} == {"reach/test": 2, "reach/test/train_instr": 2}
     assert len(curriculum) == trainer.counters["episodes"]  # one curriculum update per real episode, none imagined
     assert "episode/return/imagined/reach" in trainer.metrics.last and "episode/return/sim/reach" in \
         trainer.metrics.last

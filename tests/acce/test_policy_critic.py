@@ -1,0 +1,72 @@
+"""The asymmetric critic (policy.critic=privileged): it reads obs["aux"], the actor never does, and everything that
+has no privileged state (evaluation, serving, robots) still runs."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from acce.configlib import ConfigError
+from acce.config import load
+from acce.policy import VLAPolicy
+
+from test_policy import A, CFG, NORM, S, make_batch, with_prefix
+
+PRIV = dataclasses.replace(CFG, critic="privileged")
+
+
+def make_priv(seed=0):
+    torch.manual_seed(seed)
+    return VLAPolicy(PRIV, S, A, NORM, privileged_dim=4)
+
+
+def test_privileged_value_reads_aux_and_the_actor_never_does():
+    policy = make_priv()
+    batch = with_prefix(make_batch(policy), [0, 1, 2])
+    aux = np.random.default_rng(0).uniform(-0.2, 0.2, (3, 4)).astype(np.float32)
+    mean, log_std, value = policy({**batch, "aux": aux})
+    mean2, log_std2, value2 = policy({**batch, "aux": aux + 0.1})
+    mean0, _, value0 = policy(batch)  # no privileged state: the actor is unchanged, the value a placeholder 0
+    assert torch.equal(mean, mean2) and torch.equal(mean, mean0) and torch.equal(log_std, log_std2)
+    assert not torch.allclose(value, value2)
+    assert torch.equal(value0, torch.zeros(3))
+    loaded = VLAPolicy.from_state(policy.policy_state())
+    assert loaded.privileged_dim == 4
+    assert torch.equal(loaded({**batch, "aux": aux})[2], value)
+    with pytest.raises(ValueError, match="aux"):
+        policy({**batch, "aux": aux[:, :2]})  # wrong width: one clear error
+
+
+def test_privileged_critic_config_checks():
+    with pytest.raises(ValueError, match="privileged_dim"):
+        VLAPolicy(PRIV, S, A, NORM)
+    with pytest.raises(ConfigError, match="recompute_values"):
+        load(None, ["policy.critic=privileged", "learner.recompute_values=false"])
+    with pytest.raises(ConfigError, match="policy.critic must be"):
+        load(None, ["policy.critic=oracle"])
+
+
+def test_warm_start_gets_the_critic_rl_asks_for():
+    """train.init_from with policy.critic=privileged: actor weights as saved, a fresh privileged value head."""
+    from acce.checkpoint import policy_for_rl
+    from test_policy import make_policy
+    trunk = make_policy()
+    policy = policy_for_rl(trunk.policy_state(), dataclasses.replace(CFG, critic="privileged"), 4)
+    batch = with_prefix(make_batch(trunk), [0, 2, 1])
+    assert policy.config.critic == "privileged" and policy.privileged_dim == 4
+    assert torch.equal(policy(batch)[0], trunk(batch)[0])
+    assert policy_for_rl(trunk.policy_state(), CFG, 0).config.critic == "trunk"
+    # an RL residual on top: zero at start, so version 0 still acts exactly as the warm start
+    res = policy_for_rl(trunk.policy_state(), dataclasses.replace(CFG, residual_hidden=16), 0)
+    assert res.config.residual_hidden == 16 and torch.equal(res(batch)[0], trunk(batch)[0])
+
+
+def test_evaluation_needs_no_privileged_state():
+    """A privileged-critic policy evaluates on envs that provide no obs['aux'] (what a robot gives it)."""
+    from acce.runtime.inference import InferenceServer
+    from acce.wiring import make_evaluator
+    from acce.train import build_policy
+    cfg = load("configs/debug.yaml", ["policy.critic=privileged", "eval.num_envs=2"])
+    policy = build_policy(cfg, np.zeros((8, 7), np.float32))
+    results = make_evaluator(cfg, InferenceServer(policy, deterministic=True), ["reach"], 2).run("val")
+    assert results["per_task"]["reach/val"]["n"] == 2
