@@ -41,6 +41,9 @@ class EnvConfig:
     """camera names; observation keys are image/<camera>"""
     task_params: dict[str, dict[str, Union[float, str]]] = field(default_factory=dict)
     """per-task overrides of the task's config, e.g. {track: {ball_speed_mps: 0.2}, push: {approach: around}}"""
+    privileged_state: bool = False
+    """sanity-ladder view: the instruction's object and goal positions appended to the state and the images blank
+    (sim.privileged_env), so a task is solvable from state alone; for localizing learner problems, not for robots"""
     step_latency_ms: float = 0.0
     """extra wall-clock latency per env step, median in ms (0: none); models remote simulators / robots"""
     step_latency_sigma: float = 1.0

@@ -51,7 +51,8 @@ def _env_states(cfg: Config, steps: int = 200) -> np.ndarray:
     """States for normalization when there are no demos: random actions in the training envs."""
     from acce.wiring import make_sim_env
     env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seed=cfg.run.seed, image_size=cfg.env.image_size,
-                       cameras=cfg.env.cameras, task_params=cfg.env.task_params)
+                       cameras=cfg.env.cameras, task_params=cfg.env.task_params,
+                       privileged_state=cfg.env.privileged_state)
     rng = np.random.default_rng(cfg.run.seed)
     env.reset()
     states = []
@@ -82,7 +83,7 @@ def _bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     def make_env(tasks, num_envs, **kw):
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
                             task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks},
-                            aux_labels=aux, **kw)
+                            aux_labels=aux, privileged_state=cfg.env.privileged_state, **kw)
     if missing > 0:
         ccfg = CollectConfig(tasks=cfg.env.tasks, episodes=missing, noise_std=cfg.bc.noise_std, noisy_fraction=0.5,
                              num_envs=cfg.env.num_envs, out=str(demo_path))

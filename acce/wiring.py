@@ -11,7 +11,9 @@ here). Validation decides (periodic evaluations, early stopping, presets); test 
 
 def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_split: str = "train", seed: int = 0,
                  image_size: int = 64, cameras=("front",), task_params: dict | None = None,
-                 task_sampler=None, episode_seeds=None, aux_labels: bool = False) -> Any:
+                 task_sampler=None, episode_seeds=None, aux_labels: bool = False, privileged_state: bool = False) -> Any:
+    """The tabletop (or Meta-World) vector env; privileged_state: the sanity ladder's state-only view
+    (sim.privileged_env)."""
     from sim.task import SEED_SPLITS
     from sim.vector_env import SimVectorEnv, task_config_from_params
 
@@ -19,10 +21,14 @@ def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_spli
         raise ValueError(f"seeds must be one of {list(SEED_SPLITS)}, got {seeds!r}")
 
     configs = {t: task_config_from_params(t, p) for t, p in (task_params or {}).items()}
-    return SimVectorEnv(tuple(tasks), num_envs, image_size=image_size, cameras=tuple(cameras),
-                        instruction_split=instruction_split, seed_range=SEED_SPLITS[seeds],
-                        seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds,
-                        aux_labels=aux_labels)
+    env = SimVectorEnv(tuple(tasks), num_envs, image_size=image_size, cameras=tuple(cameras),
+                       instruction_split=instruction_split, seed_range=SEED_SPLITS[seeds],
+                       seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds,
+                       aux_labels=aux_labels or privileged_state)
+    if privileged_state:
+        from sim.privileged_env import PrivilegedStateEnv
+        return PrivilegedStateEnv(env)
+    return env
 
 
 def sim_aux_dim() -> int:
@@ -43,7 +49,7 @@ def env_dims(cfg) -> EnvDims:
     """The observation/action sizes and control rate of cfg.env.tasks, read from one opened env per task (tabletop
     tasks have a 7-d state at 10 Hz, Meta-World a 4-d one at 80 Hz; the vector env checks the tasks agree)."""
     env = make_sim_env(cfg.env.tasks, 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                       task_params=cfg.env.task_params)
+                       task_params=cfg.env.task_params, privileged_state=cfg.env.privileged_state)
     try:
         return EnvDims(int(env.state_dim), int(env.action_dim), float(env.control_hz), float(env.max_step_m))
     finally:
@@ -123,7 +129,8 @@ class _RolloutEnvFactory:
             sampler = TaskSampler(cfg.env.tasks, "uniform")
         env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
                            image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
-                           task_sampler=sampler, aux_labels=cfg.policy.critic == "privileged")
+                           task_sampler=sampler, aux_labels=cfg.policy.critic == "privileged",
+                           privileged_state=cfg.env.privileged_state)
         if cfg.env.step_latency_ms > 0:
             from sim.slow_env import SlowStepEnv
             env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id,
@@ -154,7 +161,8 @@ class _EvalEnvFactory:
     def __call__(self, tasks, num_envs, **kw):
         cfg = self.cfg
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks},
+                            privileged_state=cfg.env.privileged_state, **kw)
 
 
 def eval_env_factory(cfg):

@@ -36,7 +36,7 @@ def _bench_throughput(cfg, args) -> dict:
 
 def _bench_delay(cfg, args) -> dict:
     from acce.bench.delay import run_delay_bench
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    tasks = tuple(t.strip() for t in (args.tasks or "track,reach").split(",") if t.strip())
     return run_delay_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
                            budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
                            workdir=args.workdir, plot=args.plot)
@@ -50,19 +50,27 @@ def _bench_wm(cfg, args) -> dict:
                         offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps)
 
 
+def _bench_rl(cfg, args) -> dict:
+    from acce.bench.rl import run_rl_bench
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    return run_rl_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
+                        budget_steps=args.budget_steps or 60_000, workdir=args.workdir, plot=args.plot)
+
+
 def _bench_serve(cfg, args) -> dict:
     from robot_bridge.bench import run_serve_bench
     return run_serve_bench(args)
 
 
 BENCHES: dict[str, BenchFn] = {"serve": _bench_serve, "sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
-                               "delay": _bench_delay, "wm": _bench_wm}
+                               "delay": _bench_delay, "wm": _bench_wm, "rl": _bench_rl}
 """name -> benchmark function"""
 
 
 def machine_facts() -> dict:
+    from acce.machine import cpu_model
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d")}
+            "cpu_model": cpu_model(), "date": time.strftime("%Y-%m-%d")}
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -33,7 +33,11 @@ def test_registry_lists_agree():
 
 
 def test_seed_ranges_are_disjoint():
-    assert TRAIN_SEEDS.stop <= TEST_SEEDS.start
+    from acce.wiring import SEED_SPLIT_STARTS
+    from sim.task import EVAL_SEEDS, SEED_SPLITS, VALIDATION_SEEDS
+    assert TRAIN_SEEDS.stop <= VALIDATION_SEEDS.start and VALIDATION_SEEDS.stop <= TEST_SEEDS.start
+    assert VALIDATION_SEEDS.start == EVAL_SEEDS.start and TEST_SEEDS.stop == EVAL_SEEDS.stop
+    assert SEED_SPLIT_STARTS == {"val": SEED_SPLITS["val"].start, "test": SEED_SPLITS["test"].start}
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)

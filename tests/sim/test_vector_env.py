@@ -89,3 +89,18 @@ def test_aux_labels_reach_recorded_episodes_only_when_asked():
     plain.close()
     with pytest.raises(ValueError, match="no privileged aux labels"):
         make_single_env("metaworld/reach-v3", aux_labels=True)
+
+
+def test_privileged_state_view_appends_positions_and_blanks_images():
+    """The sanity ladder's state-only view: state = proprioception + the instruction's object/goal xy, no pixels."""
+    from acce.wiring import make_sim_env
+    env = make_sim_env(["reach"], 2, image_size=32, privileged_state=True)
+    try:
+        obs = env.reset()
+        assert env.state_dim == 11 and obs["state"].shape == (2, 11)
+        np.testing.assert_array_equal(obs["state"][:, 7:], obs["aux"])
+        assert not obs["image/front"].any()
+        step = env.step(np.zeros((2, 4), np.float32))
+        assert step.obs["state"].shape == (2, 11) and not step.obs["image/front"].any()
+    finally:
+        env.close()

@@ -257,7 +257,7 @@ def test_imagined_data_never_reaches_evaluation_nor_the_curriculum(tmp_path, mon
     from acce import wiring
     from acce.runtime.curriculum import TaskSampler
     from acce.train import Trainer
-    from acce.wiring import TEST_SEED_START
+    from acce.wiring import SEED_SPLIT_STARTS
     eval_envs, curriculum, captured = [], [], {}
     make_eval = wiring.eval_env_factory
 
@@ -291,5 +291,5 @@ def test_imagined_data_never_reaches_evaluation_nor_the_curriculum(tmp_path, mon
         trainer.metrics.last
     wm = captured["rt"].imagination.role.trainer
     assert wm.skipped_imagined == 0  # no imagined episode was ever offered to the world model
-    assert all(ep.seed < TEST_SEED_START for ep in wm.buffer.episodes)  # ... nor an evaluation episode
+    assert all(ep.seed < SEED_SPLIT_STARTS["val"] for ep in wm.buffer.episodes)  # ... nor an evaluation episode
     assert (tmp_path / "iso" / "checkpoints" / "worldmodel.pt").is_file()

@@ -1,0 +1,148 @@
+"""`acce bench rl`: does RL lift a limited warm start, and how much faster does async get there than sync?
+
+Per task (`--tasks`, default the preset's env.tasks one at a time): one deliberately limited behavior-cloning warm
+start (the preset's bc.* — few demonstrations, no DAgger), then, from that same version 0, asynchronous RL for a
+fixed env-step budget over `--seeds` training seeds, and the same budget in sync mode. Which mode runs first
+alternates with the seed (a busy machine must not favour one). Reported (test seeds, held-out paraphrases): version-0
+and final success per seed and their mean; from the validation curves, the env steps and wall-clock each mode needs
+to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget: censored,
+flagged). Finished runs in `--workdir` are reused, so an interrupted bench continues.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from acce.stats import wilson_interval
+
+MODES = ("async", "sync")
+
+
+def first_reaching(history: list[dict[str, Any]], task: str, target: float) -> tuple[int | None, float | None]:
+    """(env steps, wall s) of the first validation evaluation with success >= target; (None, None) if none."""
+    for row in history:
+        if row.get("split") == "val" and row.get(f"eval/success/{task}/val", -1.0) >= target:
+            return int(row["env_steps"]), float(row["wall_s"])
+    return None, None
+
+
+def _seed_interval(rates: list[float]) -> list[float]:
+    """Mean ± 1.96 standard errors over training seeds (the seed-level interval), clipped to [0, 1]."""
+    if len(rates) < 2:
+        return [float("nan"), float("nan")]
+    half = 1.96 * float(np.std(rates, ddof=1)) / np.sqrt(len(rates))
+    return [max(0.0, float(np.mean(rates)) - half), min(1.0, float(np.mean(rates)) + half)]
+
+
+def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_steps: int) -> dict[str, Any]:
+    """The bench's per-task row (schema in the issue): v0, final, final_sync, per_seed, steps/wall to 90 %."""
+    finals = {m: [r["final"] for r in runs.get(m, [])] for m in MODES}
+    v0 = [r["v0"] for r in runs["async"]]
+    target = 0.9 * float(np.mean(finals["async"])) if finals["async"] else float("nan")
+    steps, walls, censored = {}, {}, {}
+    for mode in MODES:
+        hits = [first_reaching(r["history"], task, target) for r in runs.get(mode, [])]
+        censored[mode] = sum(h[0] is None for h in hits)
+        steps[mode] = float(np.mean([budget_steps if h[0] is None else h[0] for h in hits])) if hits else None
+        wall = [r["wall_s"] if h[1] is None else h[1] for h, r in zip(hits, runs.get(mode, []))]
+        walls[mode] = float(np.mean(wall)) if wall else None
+    per_seed = [{"seed": r["seed"], "v0": r["v0"], "final": r["final"],
+                 "final_sync": next((s["final"] for s in runs.get("sync", []) if s["seed"] == r["seed"]), None),
+                 "n": r["n"], "final_ci95": list(wilson_interval(round(r["final"] * r["n"]), r["n"])),
+                 "env_steps": r["env_steps"], "wall_s": r["wall_s"]} for r in runs["async"]]
+    return {"v0": float(np.mean(v0)), "final": float(np.mean(finals["async"])),
+            "final_sync": float(np.mean(finals["sync"])) if finals["sync"] else None,
+            "final_seed_ci95": _seed_interval(finals["async"]), "rl_added_points": 100 * float(
+                np.mean(finals["async"]) - np.mean(v0)), "per_seed": per_seed, "target_90pct": target,
+            "steps_to_90pct": steps, "wall_to_90pct_s": walls, "censored_runs": censored,
+            "async_over_sync_wall": (walls["sync"] / walls["async"]) if walls.get("async") and walls.get("sync")
+            else None}
+
+
+def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=(0, 1, 2),
+                 budget_steps: int = 60_000, modes=MODES, workdir: str | None = None,
+                 plot: str | None = None) -> dict[str, Any]:
+    from acce.config import load
+    from acce.train import Trainer
+
+    root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
+    base = list(overrides) + [f"run.out_dir={root}"]
+    cfg0 = load(config, base)
+    if cfg0.eval.every_versions <= 0:
+        raise ValueError("acce bench rl reads steps to a success level off validation curves: set "
+                         "eval.every_versions > 0 in the preset or as an override")
+    tasks = list(tasks or cfg0.env.tasks)
+    result: dict[str, Any] = {"tasks": {}, "seeds": list(seeds), "budget_env_steps": budget_steps,
+                              "modes": list(modes), "warm_start": {}, "runs": {}}
+    for task in tasks:
+        slug = task.replace("/", "_")
+        task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform"]
+        warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
+        if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
+            Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
+                                              "eval.every_versions=0"]), progress=False).run()
+        result["warm_start"][task] = str(warm)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for seed in seeds:
+            for mode in (modes if seed % 2 == 0 else tuple(reversed(modes))):  # alternate which mode runs first
+                name = f"{slug}_{mode}_s{seed}"
+                done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
+                if done.is_file():
+                    s = json.loads(done.read_text())
+                else:
+                    cfg = load(config, task_base + [
+                        f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
+                        "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
+                    s = Trainer(cfg, progress=False).run()
+                test = s["test"]
+                runs.setdefault(mode, []).append({
+                    "seed": seed, "v0": test["v0"][task], "final": test["final"][task],
+                    "n": s["eval"][f"{task}/test"]["n"], "env_steps": s["env_steps"], "wall_s": s["wall_s"],
+                    "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s")
+                                 or k == f"eval/success/{task}/val"} for h in s["history"]]})
+                print(f"[rl] {name}: test {test['v0'][task]:.2f} -> {test['final'][task]:.2f} "
+                      f"({s['env_steps']} env steps, {s['wall_s']:.0f} s)", flush=True)
+        result["tasks"][task] = summarize_task(task, runs, budget_steps)
+        result["runs"][task] = runs
+    if plot:
+        _plot(result, plot)
+    return result
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    """Validation success against env steps (top) and wall-clock (bottom), async and sync, every seed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from acce.plots import _save
+    tasks = list(result["tasks"])
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4.5 * len(tasks), 6.5), sharey=True, squeeze=False)
+    colors = {"async": "tab:blue", "sync": "tab:orange"}
+    for j, task in enumerate(tasks):
+        key = f"eval/success/{task}/val"
+        for mode, runs in result["runs"][task].items():
+            for k, r in enumerate(runs):
+                pts = [(h["env_steps"], h["wall_s"], h[key]) for h in r["history"] if h.get("split") == "val"
+                       and key in h]
+                if not pts:
+                    continue
+                steps, wall, succ = zip(*pts)
+                label = mode if k == 0 else None
+                axes[0][j].plot(steps, succ, "o-", ms=3, color=colors.get(mode), alpha=0.7, label=label)
+                axes[1][j].plot(wall, succ, "o-", ms=3, color=colors.get(mode), alpha=0.7, label=label)
+        row = result["tasks"][task]
+        for ax in axes[:, j]:
+            ax.axhline(row["v0"], color="k", lw=0.8, ls=":")
+            ax.grid(alpha=0.3)
+        axes[0][j].set_title(f"{task}: test v0 {row['v0']:.0%} -> {row['final']:.0%}")
+        axes[0][j].set_xlabel("env steps")
+        axes[1][j].set_xlabel("wall-clock (s, RL phase)")
+    axes[0][0].set_ylabel("validation success")
+    axes[1][0].set_ylabel("validation success")
+    axes[0][0].legend()
+    _save(fig, path)

@@ -1,0 +1,65 @@
+"""`acce bench rl` orchestration with a counting fake Trainer: one warm start per task, async and sync runs from
+it with the same budget, alternating order, reuse of finished runs, and the hand-computed summary."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import acce.bench.rl as rl_bench
+from test_bench_runs import fake_trainer  # noqa: F401  (the fixture)
+
+
+def _outcome(cfg):
+    """async: v0 0.2 -> final 0.6 + 0.1 * seed; sync: final 0.5. Validation curve: async hits 0.9 * 0.7 = 0.63 at
+    2,000 steps (seed 1 only; seed 0 never does), sync never; wall = steps / 100 (async) or / 50 (sync)."""
+    task, seed, mode = cfg.env.tasks[0], cfg.run.seed, cfg.runtime.mode
+    if cfg.train.max_versions == 1:
+        return {}
+    final = 0.6 + 0.1 * seed if mode == "async" else 0.5
+    rate = 100 if mode == "async" else 50
+    hist = [{"split": "test", "version": 0, "env_steps": 0, "wall_s": 0.0, f"eval/success/{task}/test": 0.2}]
+    for steps, val in ((0, 0.2), (1000, 0.5), (2000, final + 0.03 if mode == "async" else 0.4)):
+        hist.append({"split": "val", "version": steps // 10, "env_steps": steps, "wall_s": steps / rate,
+                     f"eval/success/{task}/val": val})
+    return {"env_steps": 4000, "wall_s": 4000 / rate, "history": hist,
+            "test": {"v0": {task: 0.2}, "final": {task: final}}, "eval": {f"{task}/test": {"n": 100}}}
+
+
+def test_rl_bench_runs_and_summarizes(fake_trainer, tmp_path):  # noqa: F811
+    fake_trainer.outcome = staticmethod(_outcome)
+    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0, 1), budget_steps=4000,
+                                workdir=str(tmp_path))
+    warm = [c for c in fake_trainer.made if not c.train.init_from]
+    rl = [c for c in fake_trainer.made if c.train.init_from]
+    assert len(warm) == 1 and warm[0].env.tasks == ("reach",)
+    assert [(c.run.seed, c.runtime.mode) for c in rl] == [(0, "async"), (0, "sync"), (1, "sync"), (1, "async")]
+    assert all(c.train.max_env_steps == 4000 and c.train.max_wall_s == 0 and c.bc.steps == 0 for c in rl)
+    row = out["tasks"]["reach"]
+    assert row["v0"] == pytest.approx(0.2) and row["final"] == pytest.approx(0.65)
+    assert row["final_sync"] == pytest.approx(0.5) and row["rl_added_points"] == pytest.approx(45.0)
+    assert row["target_90pct"] == pytest.approx(0.585)
+    # async: seed 0 reaches 0.63 >= 0.585 at 2,000 steps (20 s); seed 1 reaches 0.73 at 2,000 (20 s) -> 2,000, 20 s
+    assert row["steps_to_90pct"]["async"] == pytest.approx(2000) and row["wall_to_90pct_s"]["async"] == 20.0
+    # sync never reaches it: censored at the budget (4,000 steps, its run's 80 s)
+    assert row["steps_to_90pct"]["sync"] == 4000 and row["wall_to_90pct_s"]["sync"] == 80.0
+    assert row["censored_runs"] == {"async": 0, "sync": 2} and row["async_over_sync_wall"] == pytest.approx(4.0)
+    assert [s["seed"] for s in row["per_seed"]] == [0, 1] and row["per_seed"][1]["final_sync"] == 0.5
+    assert set(row) >= {"v0", "final", "final_sync", "per_seed", "steps_to_90pct", "wall_to_90pct_s"}
+
+
+def test_rl_bench_reuses_finished_runs(fake_trainer, tmp_path):  # noqa: F811
+    fake_trainer.outcome = staticmethod(_outcome)
+    (tmp_path / "reach_bc" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "reach_bc" / "checkpoints" / "bc.pt").write_bytes(b"x")
+    from acce.config import load
+    done = load(None, ["env.tasks=[reach]", "run.seed=0", "runtime.mode=async", "train.init_from=x"])
+    (tmp_path / "reach_async_s0").mkdir()
+    (tmp_path / "reach_async_s0" / "summary.json").write_text(json.dumps(_outcome(done)))
+    rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0,), workdir=str(tmp_path))
+    assert [(c.run.seed, c.runtime.mode) for c in fake_trainer.made] == [(0, "sync")]
+
+
+def test_rl_bench_needs_validation_curves(tmp_path):
+    with pytest.raises(ValueError, match="eval.every_versions"):
+        rl_bench.run_rl_bench(None, ["eval.every_versions=0"], tasks=["reach"], workdir=str(tmp_path))
