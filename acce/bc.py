@@ -91,7 +91,7 @@ class DemoDataset:
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
              metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0,
-             aux_coef: float = 0.0) -> list[float]:
+             aux_coef: float = 0.0, desc: str = "bc warm start") -> list[float]:
     """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0. With
     aux_coef > 0 the policy's aux head also learns the data's privileged aux labels. Returns the action losses."""
     import math
@@ -100,7 +100,7 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
 
     rng = np.random.default_rng(seed)
     losses, aux_losses = [], []
-    bar = tqdm(range(steps), desc="bc warm start", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
     base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
     for step in bar:
         if lr_schedule == "cosine":

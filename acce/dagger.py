@@ -21,7 +21,8 @@ from acce.types import INSTRUCTION_KEY, Episode
 
 def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], episodes: int, *, chunk_len: int,
                     exec_horizon: int, num_envs: int = 8, noise_std: float = 0.0, seed: int = 0,
-                    progress: bool = True) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
+                    progress: bool = True, desc: str = "dagger rollouts"
+                    ) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
     """Run `policy` (a VLAPolicy, deterministic mean chunks) for `episodes` episodes split over `tasks`.
 
     Returns (episodes, expert labels (T, A) per episode, success rate per task of the policy itself)."""
@@ -36,7 +37,7 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
     labels_out: list[np.ndarray] = []
     success: dict[str, list[bool]] = {t: [] for t in tasks}
     per_task = {t: episodes // len(tasks) + (1 if k < episodes % len(tasks) else 0) for k, t in enumerate(tasks)}
-    bar = tqdm(total=episodes, desc="dagger rollouts", unit="ep", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=episodes, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
     was_training = policy.training
     policy.eval()
     try:
@@ -77,6 +78,8 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                             success[task].append(bool(ep.is_success))
                             done += 1
                             bar.update(1)
+                            done = [v for s in success.values() for v in s]
+                            bar.set_postfix(policy_success=f"{np.mean(done):.2f}", refresh=False)
                         labels[i], phase[i] = [], exec_horizon
                     obs = step.obs
             finally:

@@ -11,7 +11,7 @@ import numpy as np
 
 PREFIXES = ("episode/", "loss/", "is/", "staleness/", "throughput/", "queue/", "weights/", "eval/", "progress/",
             "delay/", "wm/", "learner/", "bc/", "curriculum/", "inference/")
-"""metric groups (DESIGN.md §9 plus learner/, bc/, curriculum/, inference/ internals)"""
+"""metric groups (docs/design.md §9 plus learner/, bc/, curriculum/, inference/ internals)"""
 
 
 class Metrics:

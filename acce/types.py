@@ -1,4 +1,4 @@
-"""Contracts shared by sim, world model, runtime and robot bridge (DESIGN.md §3, §5, §6).
+"""Contracts shared by sim, world model, runtime and robot bridge (docs/design.md §3, §5, §6).
 
 Everything here is plain data or a small Protocol; implementations wrap each other rather than subclass.
 Only numpy is imported so that `import acce` stays light.
@@ -22,10 +22,10 @@ TASK_ID_KEY = "task_id"
 AUX_KEY = "aux"
 """optional privileged training labels, float32 (P,): where the instruction's object and goal are (sim only, and
 only when an env is built with aux_labels=True). Supervision for the BC perception auxiliary loss; policies never
-read it as an input, and robots and world models never produce it (DESIGN.md §3 departure, docs/decisions.md)"""
+read it as an input, and robots and world models never produce it (docs/design.md §3 departure, docs/decisions.md)"""
 
 SOURCES = ("sim", "imagined", "real", "demo")
-"""where a decision came from (DESIGN.md §6)"""
+"""where a decision came from (docs/design.md §6)"""
 
 Obs = dict[str, Any]
 """one env: {"image/front": (H, W, 3) uint8, "state": (S,) float32, "instruction": str}"""
@@ -104,7 +104,7 @@ class VectorEnv(Protocol):
 
 @runtime_checkable
 class LatencyModel(Protocol):
-    """Inference latency in control steps, drawn per request (DESIGN.md §5)."""
+    """Inference latency in control steps, drawn per request (docs/design.md §5)."""
 
     def sample_steps(self) -> int:
         """d_k = ceil(latency_s * control_hz) for one request."""
@@ -192,7 +192,7 @@ class Episode:
 
 @dataclass
 class Segment:
-    """T consecutive decisions of one env (DESIGN.md §6): what crosses from actors to the learner.
+    """T consecutive decisions of one env (docs/design.md §6): what crosses from actors to the learner.
 
     Decision k saw `obs[k]` (plus the committed prefix and its delay d_k), sampled `chunk[k]`, and owns the rewards
     of the control steps its actions really ran (`exec_len[k]` steps, chunk positions `exec_mask[k]`). The state

@@ -3,7 +3,7 @@
 Action conditioning is at the control-step level: `next(z, a)` advances one control step with the action that really
 executed. Episodes and segments record executed actions per control step (after latency and safety), so a
 control-step model trains on exactly what ran, and ImaginedEnv can be stepped by the same RolloutWorker that builds
-chunks with committed prefixes and delays (DESIGN.md §5) — a chunk-level model would have to re-derive which
+chunks with committed prefixes and delays (docs/design.md §5) — a chunk-level model would have to re-derive which
 actions of a chunk really ran.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def size_log2(size: int) -> int:
 
 @dataclass(frozen=True)
 class ImaginationConfig:
-    """The asynchronous imagination pipeline (Config field `imagination`; DESIGN.md §7). Off by default."""
+    """The asynchronous imagination pipeline (Config field `imagination`; docs/design.md §7). Off by default."""
 
     num_workers: int = 0
     """imagination workers: RolloutWorkers whose env is an ImaginedEnv, sharing the sim workers' inference server

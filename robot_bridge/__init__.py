@@ -2,7 +2,7 @@
 
     protocol   wire format and request validation      server    `acce serve` (websockets, batching, auth)
     host       a checkpoint behind InferenceServer      client    RemotePolicy / LocalPolicy
-    executor   DESIGN.md §5 chunk execution on a robot  safety    the envelope every action passes last
+    executor   docs/design.md §5 chunk execution on a robot  safety    the envelope every action passes last
     robot      Robot contract, RobotIO, MockRobot       sim_robot SimRobot (real-time rehearsal)
     lerobot_robot  any lerobot robot from its config    runtime   `acce robot`: the fixed-rate control loop
     recording  episodes.zarr / episodes.jsonl / latency.json       bench  `acce bench serve`

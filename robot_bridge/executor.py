@@ -1,4 +1,4 @@
-"""Latency-aware chunk execution on a robot (DESIGN.md §5), built on the simulator's own `EnvTimeline`.
+"""Latency-aware chunk execution on a robot (docs/design.md §5), built on the simulator's own `EnvTimeline`.
 
 Why the same timeline as training: the learner assumes one meaning of "decision k, delay d_k, committed prefix";
 executing chunks any other way on the robot would make deployment differ from what was learned. The only

@@ -1,4 +1,4 @@
-"""The wire protocol: openpi's websocket policy protocol with acce's observation keys (DESIGN.md §3).
+"""The wire protocol: openpi's websocket policy protocol with acce's observation keys (docs/design.md §3).
 
 Frames are msgpack with openpi-client's numpy convention (`openpi_client.msgpack_numpy`): an array is a map
 {b"__ndarray__": True, b"data": raw bytes, b"dtype": dtype.str, b"shape": shape}, a numpy scalar is

@@ -4,7 +4,7 @@ Order, each step: e-stop (latched) -> watchdog (no fresh policy reply within `ti
 -> NaN/inf rejection -> action bounds -> per-step rate limit -> workspace box. The first three replace the action
 with the *hold* action; the others clamp it. Every intervention is counted, logged and returned as an event, and
 the step is marked not-sampled when the executed action differs from the policy's by more than
-`sampled_tolerance` (DESIGN.md §5 rule 4: such steps give rewards and values but no policy-gradient term).
+`sampled_tolerance` (docs/design.md §5 rule 4: such steps give rewards and values but no policy-gradient term).
 
 Hold: for delta-commanded dims (the tabletop's fingertip motion) hold means 0 = "stay where you are"; dims in
 `hold_keep_dims` (a gripper, commanded absolutely) keep their last executed value, so holding never drops an object.

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Create/refresh the project's virtual environment (.venv) idempotently; sourced by main.sh and test.sh.
-# Second runs are fast: the install is skipped while pyproject.toml is unchanged.
+# Create/refresh the project's virtual environment (.venv) idempotently; sourced by main.sh and test.sh, or by a user
+# (`source scripts/setup.sh`) to get the `acce` command. Second runs are fast: the install is skipped while
+# pyproject.toml is unchanged. The install runs in a subshell with strict error handling, so sourcing it leaves the
+# caller's shell options and working directory alone; only the environment variables below are set.
+ACCE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_acce_install() (
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$ACCE_ROOT"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
@@ -34,7 +38,19 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
 fi
 # openpi-client pins numpy<2: the robot-side protocol test runs it from its own environment, as a robot would.
 bash "$ROOT/scripts/setup_openpi.sh"
+)
+# Called plainly (not in an `if`): inside a condition bash ignores `set -e`, even in the subshell. A caller with
+# `set -e` (main.sh, test.sh) stops here on failure; an interactive shell gets the message and a non-zero return.
+_acce_install
+_acce_rc=$?
+unset -f _acce_install
+if [ "$_acce_rc" -ne 0 ]; then
+  echo "[setup] failed (exit $_acce_rc); fix the message above and re-run" >&2
+  unset _acce_rc
+  return 1 2>/dev/null || exit 1
+fi
+unset _acce_rc
 # Offscreen MuJoCo rendering through EGL (Mesa) and no model-hub downloads at run time.
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-export PATH="$ROOT/.venv/bin:$PATH"
+export PATH="$ACCE_ROOT/.venv/bin:$PATH"

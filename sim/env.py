@@ -1,4 +1,4 @@
-"""TabletopEnv: one task as a gymnasium env with the DESIGN.md §3 observation contract.
+"""TabletopEnv: one task as a gymnasium env with the docs/design.md §3 observation contract.
 
 Besides gymnasium's `step`, the env exposes `step_no_render` (physics only) and `observe` (render), so a chunked
 policy renders once per chunk instead of once per control step.

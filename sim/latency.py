@@ -1,4 +1,4 @@
-"""Inference-latency models: how many control steps a policy request takes (DESIGN.md §5).
+"""Inference-latency models: how many control steps a policy request takes (docs/design.md §5).
 
 Every model implements `acce.types.LatencyModel` (`sample_steps() -> int`) and also `sample_latency_s() -> float`
 (the latency in seconds, for logging as `delay/*`). The conversion is

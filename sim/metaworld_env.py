@@ -1,4 +1,4 @@
-"""Meta-World v3 tasks behind the same single-env contract as our tabletop tasks (DESIGN.md §3).
+"""Meta-World v3 tasks behind the same single-env contract as our tabletop tasks (docs/design.md §3).
 
     env = make_metaworld_env("reach-v3")          # or "metaworld/reach-v3"
     obs, info = env.reset(seed=0)                 # the seed picks the task variation (object / goal positions)

@@ -7,7 +7,7 @@ Two ways to step the envs of one vector env, both real wall-clock:
   lognormal draw per active env, as a synchronous vectorized env does;
 * independent (`independent=True`): each env is its own remote process. A step returns at once and the stepped
   envs stay busy for their own latency; `ready_mask()` says which envs may be stepped or observed again and
-  `wait_ready()` sleeps until the next one frees up. A rollout worker steps only ready envs (DESIGN.md §1: one
+  `wait_ready()` sleeps until the next one frees up. A rollout worker steps only ready envs (docs/design.md §1: one
   slow env does not hold back the others).
 """
 from __future__ import annotations

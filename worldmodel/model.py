@@ -1,4 +1,4 @@
-"""WorldModel: encode -> next -> decode, with reward, terminated and success heads (DESIGN.md §7, TD-MPC2 verbs).
+"""WorldModel: encode -> next -> decode, with reward, terminated and success heads (docs/design.md §7, TD-MPC2 verbs).
 
     z  = encode(obs)                  obs: {"image/<cam>": (B, H, W, 3) uint8, "state": (B, S), "instruction": [B]}
                                       -> (B, L + G)

@@ -1,6 +1,6 @@
 """WorldModelTrainer: the role that co-trains the world model online on real episodes and publishes versions.
 
-A plain class (DESIGN.md §1): the runtime places it in a Ray actor or a thread and moves episodes in and
+A plain class (docs/design.md §1): the runtime places it in a Ray actor or a thread and moves episodes in and
 (version, state) out; it knows nothing about queues or actors. `wm-pretrain` drives the same class offline, so
 online and offline training share one optimizer step. The version is the number of optimizer steps the weights
 have seen (pretraining included), like `learner_version`.

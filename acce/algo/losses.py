@@ -1,9 +1,9 @@
-"""Policy, value and entropy losses for the off-policy-corrected chunk learner (DESIGN.md §4, §5).
+"""Policy, value and entropy losses for the off-policy-corrected chunk learner (docs/design.md §4, §5).
 
 Three policies appear in an asynchronous update:
 
 - behaviour ``mu``: the weights (``behavior_version``) that sampled the chunk; ``logp_behavior`` is stamped by the
-  actor, over the executed span only (DESIGN.md §5 item 2),
+  actor, over the executed span only (docs/design.md §5 item 2),
 - proximal ``pi_prox``: the learner's weights at the start of this update (detached); it anchors the trust region,
 - current ``pi_new``: the weights being optimized.
 
@@ -14,7 +14,7 @@ staleness must reproduce the synchronous run").
 
 Every per-sample input is (...,) (e.g. (B, T) or (N,)); all inputs of one call share one shape. ``mask`` (bool,
 same shape, optional) marks samples that get a policy-gradient term: False for decisions whose executed action was
-not sampled from the policy (safety clamp, human intervention, DESIGN.md §5 item 4) and for padding. Masked
+not sampled from the policy (safety clamp, human intervention, docs/design.md §5 item 4) and for padding. Masked
 entries may hold any value (even NaN/inf): they are replaced before any arithmetic so neither the loss nor its
 gradient can be poisoned. Stats are floats over the unmasked samples (0.0 when there are none).
 """
@@ -234,7 +234,7 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, old_values: torch.Te
         old_values: (...,) predictions at data time; required when ``clip`` is set, otherwise unused.
         clip: clip range in value units, or None for the plain squared error.
         mask: optional (...,) bool of samples that count (e.g. padding False). Values of intervened steps still
-            count (DESIGN.md §5 item 4).
+            count (docs/design.md §5 item 4).
     Returns:
         scalar loss tensor.
     """

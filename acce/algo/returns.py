@@ -1,4 +1,4 @@
-"""Per-decision returns for a chunk-level actor-critic (DESIGN.md §5 "Delay-aware learning").
+"""Per-decision returns for a chunk-level actor-critic (docs/design.md §5 "Delay-aware learning").
 
 A segment is T consecutive decisions k = 0..T-1 of one env; time is the LAST axis, so every function takes
 (T,) or (..., T) (a leading batch of segments, e.g. (B, T)) and treats rows independently.

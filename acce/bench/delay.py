@@ -1,4 +1,4 @@
-"""`acce bench delay`: delay-aware vs naive learning under inference latency (DESIGN.md §5).
+"""`acce bench delay`: delay-aware vs naive learning under inference latency (docs/design.md §5).
 
 For each task one behavior-cloning warm start is trained once and shared by every cell, so cells differ only in
 latency, learner and RL seed; the warm start itself is also evaluated at every latency. Then for each seed, latency
@@ -52,7 +52,8 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                             f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_ckpt}",
                             f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
                             f"train.max_env_steps={budget_steps}", "eval.every_versions=0",
-                            f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0", "bc.episodes=0"])
+                            f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
+                            "bc.episodes=0"])
                         s = Trainer(cfg, progress=False).run()
                     r = s["eval"][f"{task}/test"]
                     # at d = 0 the two learners are the same computation (tested), so one run serves both cells

@@ -81,6 +81,8 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
     for task in tasks:
         slug = task.replace("/", "_")
         task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform"]
+        if task.startswith("metaworld/"):  # no privileged labels there: the policy's own critic
+            task_base.append("policy.critic=trunk")
         warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
         if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",

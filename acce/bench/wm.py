@@ -82,7 +82,7 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     wm_dir = root / "wm_pretrained"
     if "pretrained" in arms and not (wm_dir / "worldmodel.pt").is_file():
         data = root / "offline.zarr"
-        if not data.exists():  # expert + noisy trajectories on the benchmark's tasks (DESIGN.md §7)
+        if not data.exists():  # expert + noisy trajectories on the benchmark's tasks (docs/design.md §7)
             argv = ["collect", *(a for t in tasks for a in ("--task", t)), "--episodes", str(offline_episodes),
                     "--noise-std", "0.3", "--noisy-fraction", "0.5", "--out", str(data)]
             if config:

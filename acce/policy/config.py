@@ -1,4 +1,4 @@
-"""Schema of the vision-language-action policy (DESIGN.md §3, §5).
+"""Schema of the vision-language-action policy (docs/design.md §3, §5).
 
 Imported by `acce.config`, so it must stay light: no torch, no transformers. The network itself is built from
 these values in `acce.policy.vla`.

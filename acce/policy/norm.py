@@ -1,4 +1,4 @@
-"""Normalization statistics that travel with every checkpoint (DESIGN.md §3: loading without them is an error)."""
+"""Normalization statistics that travel with every checkpoint (docs/design.md §3: loading without them is an error)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

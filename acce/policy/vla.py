@@ -8,7 +8,7 @@ Image tokens are the vision encoder's pooled feature map projected to the trunk 
 embedding; BERT's absolute position embedding gives every slot (and so every camera) its own identity. The trunk
 outputs at the two query slots feed the action-mean head (H*A) and the value head.
 
-Delay-aware input (DESIGN.md §5): the committed prefix (actions the robot executes while this call is in flight)
+Delay-aware input (docs/design.md §5): the committed prefix (actions the robot executes while this call is in flight)
 enters as one token per action, only the first d valid, plus a learned delay token; the attention mask hides
 everything else. At d = 0 every one of these tokens is masked, so the outputs are bit-identical to the plain case
 (prefix=None is exactly "zeros, d = 0"). The tokens sit after the queries so masking never shifts a position.
@@ -80,7 +80,7 @@ class VLAPolicy(nn.Module):
                              f"action_dim={action_dim}")
         if [float(v) for v in norm.action_repr.get("range", (-1.0, 1.0))] != [-1.0, 1.0]:
             raise ValueError(f"norm.action_repr range is {norm.action_repr['range']}; policy actions are normalized to "
-                             "[-1, 1] (DESIGN.md §3): map physical ranges in the env, not in the policy")
+                             "[-1, 1] (docs/design.md §3): map physical ranges in the env, not in the policy")
         if not cameras or len(set(cameras)) != len(cameras):
             raise ValueError(f"cameras must be a non-empty list of distinct names, got {list(cameras)}")
         self.config = config
@@ -307,7 +307,7 @@ class VLAPolicy(nn.Module):
 
     def heads(self, f: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """features(batch) (or rows of it) -> (mean (B, H, A), log_std (H, A) clamped, value (B,))."""
-        b, shape = f["h_action"].shape[0], (-1, self.config.chunk_len, self.action_dim)
+        shape = (-1, self.config.chunk_len, self.action_dim)
         mean = self.mean_head(f["h_action"]).view(shape)  # (B, H, A)
         if self.config.residual_hidden:  # RL's correction on the cloned head, from frozen features
             mean = mean + self.residual(torch.cat([f["h_action"].detach(), f["state"]], -1)).view(shape)

@@ -1,4 +1,4 @@
-"""Imagination roles (DESIGN.md §7), placement-agnostic: the online world-model trainer and imagination workers.
+"""Imagination roles (docs/design.md §7), placement-agnostic: the online world-model trainer and imagination workers.
 
   sim RolloutWorker over RecordingEnv --real Episodes--> WMTrainerRole (co-trains the world model, publishes)
   WMTrainerRole --publication {version, desc, state, newest real episodes}--> ImaginationWorker (hot swap)

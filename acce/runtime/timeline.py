@@ -1,4 +1,4 @@
-"""Per-env action timeline: which chunk executes when, who owns each reward (DESIGN.md §5), and segment assembly.
+"""Per-env action timeline: which chunk executes when, who owns each reward (docs/design.md §5), and segment assembly.
 
 Decisions are requested every `s` control steps (the execution horizon). Decision k at step t_k observes o_{t_k},
 gets delay d_k, and its chunk becomes active at t_k + d_k from position d_k; until then the previous chunk keeps

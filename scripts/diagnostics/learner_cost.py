@@ -38,11 +38,11 @@ def main() -> None:
     from acce.config import load
     from acce.runtime.learner import Learner, collate
     from acce.runtime.local import LocalRuntime
-    from acce.train import _env_states, build_policy
+    from acce.warmstart import build_policy, env_states
     from acce.wiring import rollout_env_factory
 
     cfg = load(args.config, args.overrides)
-    learner = Learner(build_policy(cfg, _env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+    learner = Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
     runtime = LocalRuntime(cfg, learner, rollout_env_factory(cfg))
     runtime.start()
     segments = []

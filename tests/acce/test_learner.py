@@ -215,3 +215,29 @@ def test_explained_variance_by_hand():
     assert _explained_variance(torch.full((4,), 2.5), returns) == pytest.approx(0.0)
     # errors (0.5, -0.5, 0.5, -0.5): variance 1/3 -> 1 - (1/3) / (5/3) = 0.8
     assert _explained_variance(returns + torch.tensor([0.5, -0.5, 0.5, -0.5]), returns) == pytest.approx(0.8)
+
+
+def test_residual_scope_trains_only_the_rl_heads_from_cached_features_and_resumes():
+    """learner.train_scope=residual: cloning never trains the residual (it stays zero: version 0 = the warm start);
+    RL changes only residual.*, log_std and the critic, from trunk features computed once per update; the publish
+    holds just those; a resumed learner rebuilds the same optimizer."""
+    from acce.runtime.inference import InferenceServer
+    over = ["policy.residual_hidden=16", "learner.train_scope=residual", "learner.epochs=2", "learner.minibatches=2"]
+    _, learner = make_learner(over)
+    assert not any(id(p) in {id(q) for q in learner.policy.residual.parameters()}
+                   for g in learner.optimizer.param_groups for p in g["params"])  # BC's optimizer has no residual
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    learner.update([segment([1, 0, 1, 0]), segment([0, 1, 0, 1])])
+    changed = {k for k, v in learner.policy.state_dict().items() if not torch.equal(before[k], v)}
+    assert changed and all(k.startswith(("residual.", "log_std", "value_head.")) for k in changed), changed
+    assert any(k.startswith("residual.") for k in changed)
+    published = learner.trainable_state()
+    assert set(published) == {k for k in before if k.startswith(("residual.", "log_std", "value_head."))}
+    server = InferenceServer(VLAPolicy.from_state({**learner.policy.policy_state(), "state_dict": before}))
+    server.load_weights(learner.version, published)  # a subset publish is applied at the next batch
+    server._apply_staged()
+    assert torch.equal(server.policy.residual[-1].weight, learner.policy.residual[-1].weight)
+    _, resumed = make_learner(over)
+    resumed.load_state_dict(learner.state_dict())
+    assert resumed.rl_started and not resumed.policy.trunk.embeddings.position_embeddings.weight.requires_grad
+    resumed.update([segment([1, 0, 1, 0])])  # the restored optimizer matches the frozen parameter set

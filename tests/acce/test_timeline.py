@@ -1,4 +1,4 @@
-"""Executed-span bookkeeping of DESIGN.md §5 on hand-built sequences (no env, no policy)."""
+"""Executed-span bookkeeping of docs/design.md §5 on hand-built sequences (no env, no policy)."""
 import numpy as np
 import pytest
 

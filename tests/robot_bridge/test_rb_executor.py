@@ -1,4 +1,4 @@
-"""The chunk executor reproduces DESIGN.md §5 with measured delays: committed prefix during the delay, stale first
+"""The chunk executor reproduces docs/design.md §5 with measured delays: committed prefix during the delay, stale first
 d actions dropped, next request at the execution horizon (or as soon as a late reply is in)."""
 import numpy as np
 

@@ -1,0 +1,99 @@
+"""LearnerConfig: the RL learner's schema (Config field `learner`), split from acce/config.py by size. Plain
+dataclass, no torch; `acce.config` re-exports it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from acce.configlib import ConfigError
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    algorithm: str = "ppo"
+    """trust region: 'ppo' (decoupled PPO clipping) or 'gipo' (AcceRL's Gaussian log-ratio trust weight)"""
+    advantage: str = "gae"
+    """'gae' or 'vtrace'"""
+    gamma: float = 0.99
+    """per control step discount; a decision's bootstrap discount is gamma^(span length)"""
+    lam: float = 0.95
+    """GAE / V-trace lambda, applied once per decision"""
+    lr: float = 3e-4
+    """Adam learning rate"""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the value head when it reads the trunk through a stop-gradient
+    (policy.value_stop_gradient); 0 = learner.lr"""
+    batch_segments: int = 16
+    """segments per update"""
+    epochs: int = 2
+    """passes over each batch"""
+    minibatches: int = 2
+    """minibatches per pass; optimizer steps per update = epochs * minibatches (each is one learner_version)"""
+    clip_eps: float = 0.2
+    """PPO clip range against the proximal policy"""
+    gipo_sigma: float = 0.5
+    """GIPO: width of the Gaussian trust weight in log-ratio space"""
+    is_cap: float = 2.0
+    """truncation of the behavior importance weight"""
+    vtrace_rho_bar: float = 1.0
+    """V-trace rho truncation"""
+    vtrace_c_bar: float = 1.0
+    """V-trace trace-cutting truncation"""
+    vf_coef: float = 0.5
+    """value loss weight"""
+    value_clip: float | None = None
+    """PPO-style value clipping range (None: off)"""
+    ent_coef: float = 0.0
+    """entropy bonus weight"""
+    ref_kl_coef: float = 0.0
+    """weight of KL(π ‖ π_ref), the chunk distribution's divergence from the policy RL started from (the warm start,
+    frozen at the first update and kept in checkpoints), on every minibatch's observations; anchors RL fine-tuning
+    to what cloning taught (0: off)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    train_scope: str = "all"
+    """what RL trains: 'all' (every trainable weight) or 'residual' (only policy.residual_hidden's residual head,
+    log_std and the critic: residual RL on the frozen warm start; the trunk's features come from one no-grad pass
+    per update and every minibatch reuses them, so an epoch costs a fraction of a full forward and backward)"""
+    target_kl: float = 0.0
+    """adaptive actor learning rate (0 = off, fixed learner.lr): per minibatch, the approx KL(π_prox ‖ π) of the
+    executed span already moved in this update; above 2x target the rate is divided by 1.5, below half of it (and
+    > 0) multiplied by 1.5, within [lr_min, lr_max] (rsl_rl's adaptive schedule). Keeps every update's step size
+    where PPO works whatever the batch, epochs and task; the rate starts at learner.lr and is checkpointed"""
+    lr_min: float = 1e-6
+    """lower bound of the adaptive learning rate (learner.target_kl)"""
+    lr_max: float = 1e-3
+    """upper bound of the adaptive learning rate (learner.target_kl)"""
+    recompute_values: bool = True
+    """recompute values with the current critic before advantages (else use the behavior values)"""
+    normalize_values: bool = True
+    """the critic predicts value targets standardized by running statistics of every target seen (mean/std, kept in
+    checkpoints); values are de-standardized before advantages. Without it the value loss grew 16 -> 81 over the
+    main job's RL (push returns span about -35 .. +100)"""
+    normalize_advantages: bool = True
+    """standardize advantages per update"""
+    max_staleness: int = 8
+    """largest learner_version - behavior_version admitted (pacing); -1 = unbounded"""
+    delay_correction: bool = True
+    """delay-aware learning (docs/design.md §5); false = the naive baseline"""
+    value_warmup_updates: int = 0
+    """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
+    advantages from an untrained critic"""
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.epochs * self.minibatches
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ("ppo", "gipo"):
+            raise ConfigError(f"learner.algorithm must be 'ppo' or 'gipo', got {self.algorithm!r}")
+        if self.advantage not in ("gae", "vtrace"):
+            raise ConfigError(f"learner.advantage must be 'gae' or 'vtrace', got {self.advantage!r}")
+        if not 0 < self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ConfigError("learner.gamma must be in (0, 1] and learner.lam in [0, 1]")
+        if self.train_scope not in ("all", "residual"):
+            raise ConfigError(f"learner.train_scope must be 'all' or 'residual', got {self.train_scope!r}")
+        if self.target_kl < 0 or (self.target_kl > 0 and not 0 < self.lr_min <= self.lr <= self.lr_max):
+            raise ConfigError(f"learner.target_kl must be >= 0 and learner.lr_min <= learner.lr <= learner.lr_max, got "
+                              f"{self.target_kl}, {self.lr_min} <= {self.lr} <= {self.lr_max}")
+        if min(self.batch_segments, self.epochs, self.minibatches) <= 0:
+            raise ConfigError("learner.batch_segments, learner.epochs and learner.minibatches must be positive")
