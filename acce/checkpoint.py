@@ -1,4 +1,5 @@
 """Atomic checkpoints: write to a temporary file in the same folder, fsync, then rename over the target.
+A save killed mid-write leaves its temp file; later saves and loads remove those of writers no longer running.
 
 A checkpoint holds the resolved config, the learner (policy with normalization stats, optimizer, version, RNG),
 curriculum state and progress counters. Loading a policy without normalization statistics is an error.
@@ -6,6 +7,7 @@ curriculum state and progress counters. Loading a policy without normalization s
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,14 @@ import torch
 
 FORMAT = "acce-checkpoint"
 VERSION = 1
+STALE_TEMP_AGE_S = 600.0
+"""load_checkpoint removes dead writers' temp files only this much older than now (save removes them at any age)"""
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         torch.save({"format": FORMAT, "format_version": VERSION, **payload}, f)
@@ -27,13 +32,50 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+def remove_stale_temps(path: Path, min_age_s: float = 0.0) -> list[Path]:
+    """Remove the `.<name>.tmp-<pid>` files that saves of `path` killed mid-write left (their pid is not running
+    and they are at least min_age_s old); returns them. A live writer's temp file is never touched."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        try:
+            if not pid.isdigit() or _pid_alive(int(pid)) or time.time() - tmp.stat().st_mtime < min_age_s:
+                continue
+            tmp.unlink()
+        except FileNotFoundError:  # its writer renamed it meanwhile
+            continue
+        removed.append(tmp)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / "checkpoints" / "latest.pt" if (path / "checkpoints").is_dir() else path / "latest.pt"
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; pass a run directory or a .pt file written by acce train")
-    data = torch.load(path, map_location="cpu", weights_only=False)
+    # Loading is also how a run resumes; a reader on another machine may see a live writer's pid as dead, hence
+    # the age limit (a write in progress keeps its temp file's mtime fresh).
+    remove_stale_temps(path, min_age_s=STALE_TEMP_AGE_S)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(err).__name__}: {why}); it is truncated or "
+                         "damaged (an interrupted copy?): copy it again, or use another checkpoint of the run "
+                         "(checkpoints/bc.pt is the warm start)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not an acce checkpoint")
     policy = data.get("learner", {}).get("policy", {})

@@ -59,22 +59,24 @@ def cmd_collect(args) -> int:
             extra.append(f"collect.{flag}={value}")
     cfg = _load(args, extra)
     c = cfg.collect
+    if args.import_lerobot:  # the store takes the dataset's schema (import_lerobot creates it)
+        from acce.store.lerobot_io import import_lerobot
+        before = len(EpisodeStore.open(c.out)) if (Path(c.out) / "zarr.json").is_file() else 0
+        store = import_lerobot(args.import_lerobot, c.out)
+        print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
+        return 0
+    _check_task_names(list(c.tasks))  # before any env or store is made
     store = EpisodeStore.open_or_create(
         c.out, image_shapes={cam: (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
         state_dim=7, action_dim=4, control_hz=10.0)
     before = len(store)
-    if args.import_lerobot:
-        from acce.store.lerobot_io import import_lerobot
-        import_lerobot(args.import_lerobot, c.out)
-        store.refresh()
-        print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
-        return 0
 
     def make_env(tasks, num_envs, **kw):
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
                             task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
 
-    summary = collect(c, make_env, store, seed=cfg.run.seed)
+    with store.removed_if_failed_empty():  # a failed run leaves no empty store to block its corrected retry
+        summary = collect(c, make_env, store, seed=cfg.run.seed)
     print(format_summary(summary))
     print(f"{c.out}: {len(store)} episodes ({len(store) - before} new), seeds={c.seeds}, "
           f"instructions={c.instruction_split}")

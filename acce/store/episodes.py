@@ -1,4 +1,4 @@
-"""Append-only episode store on zarr v3 (DESIGN.md §1, §3; the record type is `acce.types.Episode`).
+"""Append-only episode store on zarr v3 (docs/design.md §1, §3; the record type is `acce.types.Episode`).
 
 On-disk layout (one directory)::
 
@@ -32,16 +32,27 @@ root zarr.json (zarr's LocalStore writes to a temp file and renames). Rows beyon
 capacity, an interrupted append) are ignored on open and overwritten by the next append. Measured (zarr 3.1.6,
 local disk, one 64x64 camera, 7-frame episodes): one episode per commit costs ~28 ms; batches of 32 ~1.1 ms per
 episode. `append(e)` is `append_many([e])`. Readers see the store as of `open`/`refresh()`.
+
+Nothing lost, nothing silent (`acce.store.integrity`): an append that fails (an exception, Ctrl-C) puts back every
+file it touched; one that is killed leaves only invisible rows. Every chunk under the commit point must be on disk
+and decode: a missing or damaged chunk is a StoreError naming the file, never zeros (stores written before the
+`all_chunks_stored` marker skipped all-fill chunks, so there only image and state chunks must be present).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import zarr
 
+from acce.store.integrity import (DENSE_MARKER, WRITE_CONFIG, Journal, StoreError, check_present, check_tail,
+                                  committed_episodes, only_metadata, read_rows)
+from acce.store.integrity import corrupt as _corrupt
 from acce.store.schema import EPISODE_NUMBERS, EPISODE_STRINGS, TRANSITION_FIELDS, StoreSchema
 from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
 
@@ -53,19 +64,15 @@ IMAGE_CHUNK_FRAMES = 64
 """frames per image chunk: ~800 KB raw at 64x64x3, a good read size for world-model batches"""
 ROW_CHUNK = 1024
 """rows per chunk of the small per-frame and per-episode arrays"""
-
-class StoreError(ValueError):
-    """The path is not a usable acce episode store (missing, foreign, corrupt, or opened read-only)."""
+LEGACY_DENSE = (STATE_KEY,)
+"""frames/ arrays (besides images) whose chunks stores without DENSE_MARKER also always wrote: a chunk of all-zero
+states (or all-black images) is not real data, whereas all-False flag chunks were legitimately skipped"""
+logger = logging.getLogger(__name__)
 
 
 def _not_a_store(path: Path, why: str) -> StoreError:
     return StoreError(f"{path} is not an acce episode store ({why}); pass a new or empty directory to "
                       "EpisodeStore.create, or the root directory of an existing store")
-
-
-def _corrupt(path: Path, what: str) -> StoreError:
-    return StoreError(f"episode store {path} is corrupt: {what}. acce does not repair stores: restore it from a "
-                      "copy, or export what is readable and create a new store")
 
 
 class EpisodeStore:
@@ -75,6 +82,8 @@ class EpisodeStore:
         """Use `create`, `open` or `open_or_create`; this validates the store and loads its episode index."""
         self.path = path
         self._writable = writable
+        self._created: str | None = None
+        """set by create: "dir" (it made the directory) or "contents" (it filled an empty one)"""
         self.refresh()
 
     # --- construction -----------------------------------------------------------------------------------------
@@ -89,6 +98,7 @@ class EpisodeStore:
             raise FileExistsError(f"{path} already exists and is not empty; open an existing store with "
                                   "EpisodeStore.open(path, mode='a') or EpisodeStore.open_or_create, "
                                   "or pick a new path")
+        created = "contents" if path.exists() else "dir"
         root = zarr.open_group(path, mode="w")
         frames, episodes = root.create_group("frames"), root.create_group("episodes")
         for name, (tail, dtype) in schema.frame_arrays().items():
@@ -100,8 +110,10 @@ class EpisodeStore:
             episodes.create_array(name, shape=(0,), dtype=str, chunks=(ROW_CHUNK,))
         # The marker goes in last so that an interrupted create reads as "not a store", never as an empty store.
         root.attrs.put({"format": FORMAT, "format_version": FORMAT_VERSION, "schema": schema.to_json(),
-                        "num_episodes": 0, "num_frames": 0})
-        return cls(path, writable=True)
+                        "num_episodes": 0, "num_frames": 0, DENSE_MARKER: True})
+        store = cls(path, writable=True)
+        store._created = created
+        return store
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> EpisodeStore:
@@ -121,17 +133,52 @@ class EpisodeStore:
         """Open `path` for appending if it holds a store with this schema, else create it.
 
         `extra` is compared only when given: a caller that does not care about it can reopen any matching store.
+        A store with no episodes and another schema, or what an interrupted create left (zarr metadata, no data),
+        is replaced (logged): it holds nothing, and refusing it would block the corrected retry of a failed run.
         """
         path = Path(path)
         if not path.exists() or (path.is_dir() and not any(path.iterdir())):
             return cls.create(path, **schema)
-        store = cls.open(path, mode="a")
         requested = StoreSchema(**{**schema, "extra": schema.get("extra") or {}})
+        try:
+            store = cls.open(path, mode="a")
+        except StoreError:
+            if not only_metadata(path):
+                raise
+            logger.warning("%s holds only zarr metadata (an interrupted create): replacing it with a new "
+                           "episode store", path)
+            return cls._replace(path, schema)
         problem = store.schema.mismatch(requested, compare_extra=schema.get("extra") is not None)
+        if problem is not None and len(store) == 0:
+            logger.warning("episode store %s is empty and has another schema (%s): replacing it", path, problem)
+            return cls._replace(path, schema)
         if problem is not None:
             raise ValueError(f"episode store {path} has a different schema ({problem}); open it with "
                              "EpisodeStore.open(path, mode='a') to use its schema, or pass a new path")
         return store
+
+    @classmethod
+    def _replace(cls, path: Path, schema: dict[str, Any]) -> EpisodeStore:
+        shutil.rmtree(path)
+        return cls.create(path, **schema)
+
+    @contextlib.contextmanager
+    def removed_if_failed_empty(self) -> Iterator[EpisodeStore]:
+        """Wrap a command's use of a store it may have created: if the body raises while the store this object
+        created has no episodes, the store is removed, so the failed run leaves nothing to block its retry."""
+        try:
+            yield self
+        except BaseException:
+            if self._created and self._writable and committed_episodes(self.path) == 0:
+                if self._created == "dir":
+                    shutil.rmtree(self.path, ignore_errors=True)
+                else:  # the caller passed an empty directory: leave it empty
+                    for child in self.path.iterdir():
+                        if child.is_dir():
+                            shutil.rmtree(child)
+                        else:
+                            child.unlink()
+            raise
 
     def refresh(self) -> None:
         """Re-read the commit point and the episode index (to see episodes appended by another process)."""
@@ -155,9 +202,18 @@ class EpisodeStore:
                                     self._num_frames)
         episode_specs = {**{k: ((), d) for k, d in EPISODE_NUMBERS.items()}, **{k: ((), str) for k in EPISODE_STRINGS}}
         arrays = self._arrays("episodes", episode_specs, self._num_episodes)
+        dense = bool(attrs.get(DENSE_MARKER))
+        self._dense = {name: dense or name.startswith(IMAGE_PREFIX) or name in LEGACY_DENSE for name in self._frames}
+        for name, arr in self._frames.items():  # a missing chunk is corruption, not zeros: refuse it on open
+            if self._dense[name]:
+                check_present(self.path, arr, 0, self._num_frames)
+            if self._writable:
+                check_tail(self.path, arr, self._num_frames)
         n = self._num_episodes
-        self._index = {k: np.asarray(arrays[k][:n]) for k in EPISODE_NUMBERS}
-        self._strings = {k: [str(s) for s in arrays[k][:n]] for k in EPISODE_STRINGS}
+        self._dense.update({f"episodes/{name}": dense for name in arrays})
+        rows = {k: read_rows(self.path, arr, 0, n, dense) for k, arr in arrays.items()}
+        self._index = {k: rows[k] for k in EPISODE_NUMBERS}
+        self._strings = {k: [str(s) for s in rows[k]] for k in EPISODE_STRINGS}
         self._episode_arrays = arrays
         starts = np.concatenate([[0], np.cumsum(self._index["num_steps"] + 1)])
         if not np.array_equal(starts[:-1], self._index["frame_start"]) or starts[-1] != self._num_frames:
@@ -181,7 +237,7 @@ class EpisodeStore:
             if arr.shape[0] < committed:
                 raise _corrupt(self.path, f"{group}/{name} has {arr.shape[0]} rows but the commit point says "
                                           f"{committed}")
-            out[name] = arr
+            out[name] = arr.with_config(WRITE_CONFIG) if self._writable else arr
         return out
 
     # --- reading --------------------------------------------------------------------------------------------
@@ -209,7 +265,7 @@ class EpisodeStore:
         if key not in self._frames:
             raise KeyError(f"no frame array {key!r}; the store has {sorted(self._frames)}")
         stop = self._num_frames if stop is None else min(stop, self._num_frames)
-        return np.asarray(self._frames[key][start:max(start, stop)])
+        return read_rows(self.path, self._frames[key], start, max(start, stop), self._dense[key])
 
     def __getitem__(self, i: int) -> Episode:
         start, stop = self.frame_range(i)
@@ -259,25 +315,36 @@ class EpisodeStore:
         """
         self._check_writable()
         episodes = list(episodes)
-        rows = [self._frame_rows(episode) for episode in episodes]
+        rows = [self.schema.frame_rows(episode) for episode in episodes]
         if not episodes:
             return []
         f, n = self._num_frames, self._num_episodes
         lengths = np.array([episode.num_steps + 1 for episode in episodes], np.int64)
         new_f, new_n = f + int(lengths.sum()), n + len(episodes)
-        # Frame rows first, then episode rows: all past the commit point, so invisible until the commit lands.
-        for name, arr in self._frames.items():
-            self._write_rows(arr, f, np.concatenate([r[name] for r in rows]))
         numbers = {"frame_start": f + np.cumsum(lengths) - lengths, "num_steps": lengths - 1,
                    "task_id": [e.task_id for e in episodes], "seed": [e.seed for e in episodes],
                    "wm_version": [e.wm_version for e in episodes], "success": [e.is_success for e in episodes]}
         numbers = {name: np.asarray(numbers[name], dtype) for name, dtype in EPISODE_NUMBERS.items()}
         strings = {name: [getattr(e, name) for e in episodes] for name in EPISODE_STRINGS}
-        for name, values in numbers.items():
-            self._write_rows(self._episode_arrays[name], n, values)
-        for name, values in strings.items():
-            self._write_rows(self._episode_arrays[name], n, np.array(values, dtype=object))
-        self._commit(new_n, new_f)
+        spans = [(arr, f, new_f, self._dense[name]) for name, arr in self._frames.items()]
+        spans += [(arr, n, new_n, self._dense[f"episodes/{name}"]) for name, arr in self._episode_arrays.items()]
+        journal = Journal(self.path, spans)  # nothing is written before this (it also checks the tail chunks exist)
+        try:
+            # Frame rows first, then episode rows: all past the commit point, so invisible until the commit lands.
+            for name, arr in self._frames.items():
+                self._write_rows(arr, f, np.concatenate([r[name] for r in rows]))
+            for name, values in numbers.items():
+                self._write_rows(self._episode_arrays[name], n, values)
+            for name, values in strings.items():
+                self._write_rows(self._episode_arrays[name], n, np.array(values, dtype=object))
+            self._commit(new_n, new_f)
+        except BaseException as err:
+            journal.restore()
+            self._reopen_arrays()  # zarr caches each array's metadata: drop the shapes the failed resizes set
+            found = journal.diagnose({a.path: a for a in [*self._frames.values(), *self._episode_arrays.values()]})
+            if found is not None and isinstance(err, Exception):
+                raise found from None
+            raise
         for name, values in numbers.items():
             self._index[name] = np.concatenate([self._index[name], values])
         for name, values in strings.items():
@@ -297,6 +364,11 @@ class EpisodeStore:
         self._index = {k: v[:num_episodes] for k, v in self._index.items()}
         self._strings = {k: v[:num_episodes] for k, v in self._strings.items()}
 
+    def _reopen_arrays(self) -> None:
+        self._root = zarr.open_group(self.path, mode="r+")
+        self._frames = {k: self._root[f"frames/{k}"].with_config(WRITE_CONFIG) for k in self._frames}
+        self._episode_arrays = {k: self._root[f"episodes/{k}"].with_config(WRITE_CONFIG) for k in self._episode_arrays}
+
     def _commit(self, num_episodes: int, num_frames: int) -> None:
         """Move the commit point: one atomic rewrite of the root zarr.json (rows past it are invisible)."""
         self._root.attrs.put({**self._root.attrs.asdict(), "num_episodes": num_episodes, "num_frames": num_frames})
@@ -313,40 +385,3 @@ class EpisodeStore:
     def _check_writable(self) -> None:
         if not self._writable:
             raise StoreError(f"episode store {self.path} is open read-only; use EpisodeStore.open(path, mode='a')")
-
-    def _frame_rows(self, episode: Episode) -> dict[str, np.ndarray]:
-        """The episode as frames/ rows (T + 1 each, padded); raises ValueError naming what does not fit."""
-        episode.validate()
-        schema, t = self.schema, episode.num_steps
-        cams = {k for k in episode.obs if k.startswith(IMAGE_PREFIX)}
-        expected = {f"{IMAGE_PREFIX}{c}" for c in schema.image_shapes}
-        others = {STATE_KEY} | ({AUX_KEY} if schema.aux_dim else set())
-        if cams != expected or set(episode.obs) - cams != others:
-            hint = (" (aux labels need a store created with aux_dim > 0, and a store with aux_dim needs them)"
-                    if AUX_KEY in set(episode.obs) ^ others else "")
-            raise ValueError(f"episode obs keys {sorted(episode.obs)} do not match the store's "
-                             f"{sorted(expected | others)}{hint}")
-        for cam, (h, w) in schema.image_shapes.items():
-            if episode.obs[f"{IMAGE_PREFIX}{cam}"].shape[1:3] != (h, w):
-                raise ValueError(f"obs['{IMAGE_PREFIX}{cam}'] is {episode.obs[f'{IMAGE_PREFIX}{cam}'].shape[1:3]} "
-                                 f"(H, W) but the store holds {(h, w)}; resize or use a store with that shape")
-        state = episode.obs[STATE_KEY]
-        if state.ndim != 2 or state.shape[1] != schema.state_dim:
-            raise ValueError(f"obs['state'] has shape {state.shape}, the store needs (T+1, {schema.state_dim})")
-        if schema.aux_dim and episode.obs[AUX_KEY].shape[1:] != (schema.aux_dim,):
-            raise ValueError(f"obs['aux'] has shape {episode.obs[AUX_KEY].shape}, the store needs "
-                             f"(T+1, {schema.aux_dim})")
-        if episode.action.shape != (t, schema.action_dim):
-            raise ValueError(f"action has shape {episode.action.shape}, the store needs ({t}, {schema.action_dim})")
-        for name in EPISODE_STRINGS:
-            if not isinstance(getattr(episode, name), str):
-                raise ValueError(f"episode.{name} must be a str, got {type(getattr(episode, name)).__name__}")
-        rows = {k: np.asarray(v) for k, v in episode.obs.items()}
-        rows[STATE_KEY] = state.astype(np.float32)
-        if schema.aux_dim:
-            rows[AUX_KEY] = episode.obs[AUX_KEY].astype(np.float32)
-        rows["timestamp_s"] = episode.timestamp_s.astype(np.float64)
-        rows["action"] = np.concatenate([episode.action, np.zeros((1, schema.action_dim))]).astype(np.float32)
-        for name, (dtype, pad) in TRANSITION_FIELDS.items():
-            rows[name] = np.append(getattr(episode, name), pad).astype(dtype)
-        return rows

@@ -202,8 +202,8 @@ def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike,
                    repo_id: str | None = None) -> EpisodeStore:
     """Append every episode of the LeRobotDataset at `src_dir` to the store at `store_path` (created if needed).
 
-    An existing store must have the dataset's schema. If any episode does not fit, the episodes appended so far
-    are truncated away again, so a failed import leaves the store as it was.
+    An existing store must have the dataset's schema (unless it is empty). If any episode does not fit, the episodes
+    appended so far are truncated away again, so a failed import leaves the store as it was (and no new store).
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -220,13 +220,14 @@ def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike,
     # Arrow rows keep parquet's dtypes (float64 stays float64; the numpy/torch formats would cast to float32).
     rows = ds.hf_dataset.with_format("arrow")
     committed = len(store)
-    try:
-        for index in range(ds.meta.total_episodes):
-            meta = ds.meta.episodes[index]
-            table = rows[int(meta["dataset_from_index"]):int(meta["dataset_to_index"])]
-            store.append(_episode(ds, table, schema, index, repo_id))
-    except ValueError as err:
-        # Episodes are converted one at a time (a dataset may not fit in memory); undo the partial import.
-        store.truncate(committed)
-        raise ValueError(f"{src_dir}, LeRobot episode {index}: {err}; nothing was imported") from None
+    with store.removed_if_failed_empty():  # a store this import created goes again if nothing was imported
+        try:
+            for index in range(ds.meta.total_episodes):
+                meta = ds.meta.episodes[index]
+                table = rows[int(meta["dataset_from_index"]):int(meta["dataset_to_index"])]
+                store.append(_episode(ds, table, schema, index, repo_id))
+        except ValueError as err:
+            # Episodes are converted one at a time (a dataset may not fit in memory); undo the partial import.
+            store.truncate(committed)
+            raise ValueError(f"{src_dir}, LeRobot episode {index}: {err}; nothing was imported") from None
     return store

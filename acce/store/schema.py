@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
 
 TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
     "reward": (np.float32, 0.0),
@@ -96,3 +96,40 @@ class StoreSchema:
             if getattr(self, name) != getattr(other, name):
                 return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
         return None
+
+    def frame_rows(self, episode: Episode) -> dict[str, np.ndarray]:
+        """The episode as frames/ rows (T + 1 each, padded); raises ValueError naming what does not fit."""
+        episode.validate()
+        schema, t = self, episode.num_steps
+        cams = {k for k in episode.obs if k.startswith(IMAGE_PREFIX)}
+        expected = {f"{IMAGE_PREFIX}{c}" for c in schema.image_shapes}
+        others = {STATE_KEY} | ({AUX_KEY} if schema.aux_dim else set())
+        if cams != expected or set(episode.obs) - cams != others:
+            hint = (" (aux labels need a store created with aux_dim > 0, and a store with aux_dim needs them)"
+                    if AUX_KEY in set(episode.obs) ^ others else "")
+            raise ValueError(f"episode obs keys {sorted(episode.obs)} do not match the store's "
+                             f"{sorted(expected | others)}{hint}")
+        for cam, (h, w) in schema.image_shapes.items():
+            if episode.obs[f"{IMAGE_PREFIX}{cam}"].shape[1:3] != (h, w):
+                raise ValueError(f"obs['{IMAGE_PREFIX}{cam}'] is {episode.obs[f'{IMAGE_PREFIX}{cam}'].shape[1:3]} "
+                                 f"(H, W) but the store holds {(h, w)}; resize or use a store with that shape")
+        state = episode.obs[STATE_KEY]
+        if state.ndim != 2 or state.shape[1] != schema.state_dim:
+            raise ValueError(f"obs['state'] has shape {state.shape}, the store needs (T+1, {schema.state_dim})")
+        if schema.aux_dim and episode.obs[AUX_KEY].shape[1:] != (schema.aux_dim,):
+            raise ValueError(f"obs['aux'] has shape {episode.obs[AUX_KEY].shape}, the store needs "
+                             f"(T+1, {schema.aux_dim})")
+        if episode.action.shape != (t, schema.action_dim):
+            raise ValueError(f"action has shape {episode.action.shape}, the store needs ({t}, {schema.action_dim})")
+        for name in EPISODE_STRINGS:
+            if not isinstance(getattr(episode, name), str):
+                raise ValueError(f"episode.{name} must be a str, got {type(getattr(episode, name)).__name__}")
+        rows = {k: np.asarray(v) for k, v in episode.obs.items()}
+        rows[STATE_KEY] = state.astype(np.float32)
+        if schema.aux_dim:
+            rows[AUX_KEY] = episode.obs[AUX_KEY].astype(np.float32)
+        rows["timestamp_s"] = episode.timestamp_s.astype(np.float64)
+        rows["action"] = np.concatenate([episode.action, np.zeros((1, schema.action_dim))]).astype(np.float32)
+        for name, (dtype, pad) in TRANSITION_FIELDS.items():
+            rows[name] = np.append(getattr(episode, name), pad).astype(dtype)
+        return rows

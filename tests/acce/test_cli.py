@@ -82,3 +82,43 @@ def test_unknown_arguments_are_still_a_usage_error(argv, tmp_path, capsys):
         main([*argv, "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def _files(path) -> dict:
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_collect_that_fails_leaves_no_store_and_the_retry_runs(tmp_path, capsys):
+    out = tmp_path / "x.zarr"
+    assert main(["collect", "--config", "configs/debug.yaml", "--task", "nope", "--out", str(out)]) == 2
+    assert "unknown task(s) ['nope']" in capsys.readouterr().err and not out.exists()
+    # a config error that only the recording envs see, after the store was made: the store goes again
+    bad = ["collect", "--config", "configs/debug.yaml", "--episodes", "1", "--out", str(out)]
+    assert main([*bad, "env.task_params={reach: {bogus: 1}}"]) == 2
+    assert "bogus" in capsys.readouterr().err and not out.exists()
+    assert main([*bad, "env.image_size=24"]) == 0 and len(EpisodeStore.open(out)) == 1
+
+
+def test_collect_and_wm_pretrain_refuse_a_damaged_store_in_one_line(tmp_path, capsys):
+    out = tmp_path / "eps.zarr"
+    args = ["collect", "--config", "configs/debug.yaml", "--episodes", "1", "--out", str(out)]
+    assert main(args) == 0
+    chunk = out / "frames/image/front/c/0/0/0/0"
+    data = chunk.read_bytes()
+    capsys.readouterr()
+    chunk.unlink()
+    before = _files(out)
+    for argv in (args, ["wm-pretrain", "--data", str(out), "--out", str(tmp_path / "wm"), "--steps", "1",
+                        "--quiet"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{out} is corrupt: chunk file frames/image/front/c/0/0/0/0" in err
+        assert "is missing" in err and _files(out) == before
+    chunk.write_bytes(data[:len(data) // 2])
+    before = _files(out)
+    for argv in (args, ["wm-pretrain", "--data", str(out), "--out", str(tmp_path / "wm"), "--steps", "1",
+                        "--quiet"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()  # refused on open: nothing recorded first (no progress bar)
+        assert len(err.splitlines()) == 1 and "frames/image/front/c/0/0/0/0 cannot be decoded" in err
+        assert _files(out) == before

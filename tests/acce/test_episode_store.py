@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 from acce.store.episodes import EpisodeStore, StoreError
+from acce.store.integrity import Journal
 from acce.types import Episode
 
 SCHEMA = dict(image_shapes={"front": (16, 16), "wrist": (8, 12)}, state_dim=4, action_dim=3, control_hz=10.0)
@@ -184,6 +185,7 @@ def test_interrupted_batch_is_invisible_and_overwritten(tmp_path, rng, monkeypat
         raise KeyboardInterrupt("killed before the commit")
 
     monkeypatch.setattr(EpisodeStore, "_commit", crash)  # every row of the batch is written, the commit is not
+    monkeypatch.setattr(Journal, "restore", lambda self: None)  # a kill runs no rollback: the rows stay on disk
     with pytest.raises(KeyboardInterrupt):
         store.append_many([make_episode(rng, 40), make_episode(rng, 30)])
     monkeypatch.undo()
@@ -326,3 +328,184 @@ def test_aux_labels_round_trip_and_must_match_the_schema(tmp_path, rng):
     assert len(EpisodeStore.open(tmp_path / "aux.zarr")) == 1  # nothing half-written
     with pytest.raises(ValueError, match="aux_dim: store has 2, requested 0"):
         EpisodeStore.open_or_create(tmp_path / "aux.zarr", **SCHEMA)
+
+
+# --- fault injection: missing and damaged chunk files, failed appends, leftovers of failed runs -------------------
+def files_of(path) -> dict:
+    """Every file under the store and its bytes: a failed append must leave this exactly as it was."""
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def truncate_file(file) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[:len(data) // 2])
+
+
+def stored_with_two_image_chunks(path, rng) -> list[Episode]:
+    episodes = [make_episode(rng, 30) for _ in range(3)]  # 93 frame rows: image chunks 0 and 1 (64 rows each)
+    EpisodeStore.create(path, **SCHEMA).append_many(episodes)
+    return episodes
+
+
+@pytest.mark.parametrize("chunk", ["frames/image/front/c/1/0/0/0", "frames/state/c/0/0",
+                                   "frames/success/c/0", "episodes/task_id/c/0"])
+def test_missing_chunk_is_corruption_not_zeros(tmp_path, rng, chunk):
+    path = tmp_path / "s.zarr"
+    stored_with_two_image_chunks(path, rng)
+    (path / chunk).unlink()  # zarr alone would read black images / zero states / False flags here
+    for mode in ("r", "a"):
+        with pytest.raises(StoreError, match=f"{path}.*chunk file {chunk} .*is missing.*restore it from a copy"):
+            EpisodeStore.open(path, mode=mode)
+
+
+def test_chunk_deleted_after_open_fails_the_read_and_the_append(tmp_path, rng):
+    path = tmp_path / "s.zarr"
+    stored_with_two_image_chunks(path, rng)
+    store = EpisodeStore.open(path, mode="a")
+    (path / "frames/image/front/c/1/0/0/0").unlink()
+    with pytest.raises(StoreError, match="frames/image/front/c/1/0/0/0 .*is missing"):
+        store[2]
+    before = files_of(path)
+    with pytest.raises(StoreError, match="frames/image/front/c/1/0/0/0 .*is missing"):  # it shares that chunk
+        store.append(make_episode(rng, 2))
+    assert files_of(path) == before
+
+
+def test_store_without_the_marker_allows_skipped_flag_chunks_only(tmp_path, rng):
+    """Stores written before every chunk was stored skipped all-fill chunks (all-False flags): still readable."""
+    path = tmp_path / "s.zarr"
+    episodes = stored_with_two_image_chunks(path, rng)
+    root = zarr.open_group(path, mode="r+")
+    root.attrs.put({k: v for k, v in root.attrs.asdict().items() if k != "all_chunks_stored"})
+    (path / "frames/terminated/c/0").unlink()
+    for e in episodes:
+        e.terminated[:] = False
+    store = EpisodeStore.open(path, mode="a")
+    assert_episode_equal(episodes[1], store[1])
+    (path / "frames/state/c/0/0").unlink()  # an all-zero state chunk is never real data
+    with pytest.raises(StoreError, match="frames/state/c/0/0 .*is missing"):
+        EpisodeStore.open(path)
+
+
+@pytest.mark.parametrize("chunk", ["frames/image/front/c/0/0/0/0", "frames/state/c/0/0"])
+def test_truncated_frame_chunk_is_named_on_read(tmp_path, rng, chunk):
+    path = tmp_path / "s.zarr"
+    stored_with_two_image_chunks(path, rng)
+    truncate_file(path / chunk)
+    store = EpisodeStore.open(path)  # opening checks presence; decoding happens on read
+    with pytest.raises(StoreError, match=f"{path} is corrupt: chunk file {chunk} cannot be decoded.*truncated"):
+        store[0]
+    with pytest.raises(StoreError, match=f"chunk file {chunk} cannot be decoded"):
+        store.frames(chunk.split("/c/")[0].removeprefix("frames/"))
+
+
+def test_truncated_episode_chunk_is_named_on_open(tmp_path, rng):
+    path = tmp_path / "s.zarr"
+    stored_with_two_image_chunks(path, rng)
+    truncate_file(path / "episodes/instruction/c/0")
+    with pytest.raises(StoreError, match="chunk file episodes/instruction/c/0 cannot be decoded"):
+        EpisodeStore.open(path)
+
+
+@pytest.mark.parametrize("chunk", ["frames/image/front/c/1/0/0/0", "frames/state/c/0/0"])
+def test_append_onto_a_truncated_tail_chunk_changes_nothing(tmp_path, rng, chunk):
+    path = tmp_path / "s.zarr"
+    episodes = stored_with_two_image_chunks(path, rng)
+    store = EpisodeStore.open(path, mode="a")
+    intact = (path / chunk).read_bytes()
+    truncate_file(path / chunk)  # the chunk the next rows are merged into
+    before = files_of(path)
+    with pytest.raises(StoreError, match=f"{path} is corrupt: chunk file {chunk} cannot be decoded"):
+        store.append_many([make_episode(rng, 40), make_episode(rng, 5)])  # grows every frames/ array
+    assert files_of(path) == before  # no array metadata and no chunk rewritten
+    assert len(store) == 3 and store.num_frames == 93
+    with pytest.raises(StoreError, match=f"chunk file {chunk} cannot be decoded"):
+        EpisodeStore.open(path, mode="a")  # opening for appending checks that chunk up front
+    assert len(EpisodeStore.open(path)) == 3  # reading the other episodes still works
+    (path / chunk).write_bytes(intact)  # put back, the store reads exactly as before
+    for e, got in zip(episodes, EpisodeStore.open(path).iter_episodes(), strict=True):
+        assert_episode_equal(e, got)
+
+
+@pytest.mark.parametrize("interrupt", [OSError("disk full"), KeyboardInterrupt()])
+def test_append_failing_midway_restores_every_file(tmp_path, rng, monkeypatch, interrupt):
+    path = tmp_path / "s.zarr"
+    episodes = stored_with_two_image_chunks(path, rng)
+    store = EpisodeStore.open(path, mode="a")
+    before = files_of(path)
+    real, calls = EpisodeStore._write_rows, []
+
+    def fail_on_fourth(arr, start, data):  # the image arrays and the state array are resized and written
+        calls.append(arr.path)
+        if len(calls) == 4:
+            raise interrupt
+        real(arr, start, data)
+
+    monkeypatch.setattr(EpisodeStore, "_write_rows", staticmethod(fail_on_fourth))
+    with pytest.raises(type(interrupt)):
+        store.append_many([make_episode(rng, 80), make_episode(rng, 3)])
+    monkeypatch.undo()
+    assert files_of(path) == before
+    assert not [p for p in path.rglob("*") if p.is_dir() and not any(p.iterdir())]  # nor new empty chunk folders
+    assert zarr.open_group(path, mode="r")["frames/image/front"].shape[0] == 93
+    extra = make_episode(rng, 70)
+    assert store.append(extra) == 3  # the same object appends correctly after the rollback
+    final = EpisodeStore.open(path)
+    for e, got in zip([*episodes, extra], final.iter_episodes()):
+        assert_episode_equal(e, got)
+
+
+def test_empty_store_with_another_schema_is_replaced_and_said_so(tmp_path, rng, caplog):
+    path = tmp_path / "demos.zarr"
+    EpisodeStore.create(path, **SCHEMA)  # what a run that failed before its first episode used to leave
+    with caplog.at_level("WARNING", logger="acce.store.episodes"):
+        store = EpisodeStore.open_or_create(path, **{**SCHEMA, "state_dim": 6})
+    assert store.schema.state_dim == 6 and len(store) == 0
+    assert "is empty and has another schema (state_dim: store has 4, requested 6): replacing it" in caplog.text
+    store.append(make_episode(rng, 2, state_dim=6))
+    with pytest.raises(ValueError, match="different schema"):  # one with episodes is never replaced
+        EpisodeStore.open_or_create(path, **SCHEMA)
+    assert len(EpisodeStore.open(path)) == 1
+
+
+def test_interrupted_create_is_replaced(tmp_path, caplog):
+    path = tmp_path / "s.zarr"
+    root = zarr.open_group(path, mode="w")  # create() was killed after the layout, before the marker
+    root.create_group("frames").create_array("state", shape=(0, 4), dtype="float32")
+    with pytest.raises(StoreError, match="interrupted"):
+        EpisodeStore.open(path)
+    with caplog.at_level("WARNING", logger="acce.store.episodes"):
+        assert len(EpisodeStore.open_or_create(path, **SCHEMA)) == 0
+    assert "interrupted create" in caplog.text
+    foreign = tmp_path / "foreign.zarr"
+    zarr.open_group(foreign, mode="w").attrs["owner"] = "someone else"
+    with pytest.raises(StoreError, match="not an acce episode store"):
+        EpisodeStore.open_or_create(foreign, **SCHEMA)
+
+
+def test_store_created_by_a_failed_command_is_removed(tmp_path, rng):
+    path = tmp_path / "new.zarr"
+    with pytest.raises(RuntimeError, match="config error"):
+        with EpisodeStore.open_or_create(path, **SCHEMA).removed_if_failed_empty():
+            raise RuntimeError("config error after the store was made")
+    assert not path.exists()
+    given = tmp_path / "given"
+    given.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        with EpisodeStore.open_or_create(given, **SCHEMA).removed_if_failed_empty():
+            raise KeyboardInterrupt
+    assert given.is_dir() and not any(given.iterdir())  # the caller's empty directory stays, empty
+    kept = tmp_path / "kept.zarr"
+    with pytest.raises(RuntimeError):
+        with EpisodeStore.open_or_create(kept, **SCHEMA).removed_if_failed_empty() as store:
+            store.append(make_episode(rng, 2))
+            raise RuntimeError("failed after an episode")
+    assert len(EpisodeStore.open(kept)) == 1  # episodes are never thrown away
+    with pytest.raises(RuntimeError):
+        with EpisodeStore.open_or_create(kept, **SCHEMA).removed_if_failed_empty():  # opened, not created here
+            raise RuntimeError
+    existing = EpisodeStore.create(tmp_path / "old.zarr", **SCHEMA).path
+    with pytest.raises(RuntimeError):
+        with EpisodeStore.open_or_create(existing, **SCHEMA).removed_if_failed_empty():
+            raise RuntimeError
+    assert kept.exists() and existing.exists()
