@@ -66,9 +66,14 @@ def cmd_collect(args) -> int:
         print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
         return 0
     _check_task_names(list(c.tasks))  # before any env or store is made
+    probe = make_sim_env(list(c.tasks), 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras)
+    try:  # the store's layout comes from the tasks' own envs (tabletop: 7-d state at 10 Hz; Meta-World: 4-d, 80 Hz)
+        dims = (int(probe.state_dim), int(probe.action_dim), float(probe.control_hz))
+    finally:
+        probe.close()
     store = EpisodeStore.open_or_create(
         c.out, image_shapes={cam: (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
-        state_dim=7, action_dim=4, control_hz=10.0)
+        state_dim=dims[0], action_dim=dims[1], control_hz=dims[2])
     before = len(store)
 
     def make_env(tasks, num_envs, **kw):

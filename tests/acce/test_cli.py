@@ -122,3 +122,14 @@ def test_collect_and_wm_pretrain_refuse_a_damaged_store_in_one_line(tmp_path, ca
         err = capsys.readouterr().err.strip()  # refused on open: nothing recorded first (no progress bar)
         assert len(err.splitlines()) == 1 and "frames/image/front/c/0/0/0/0 cannot be decoded" in err
         assert _files(out) == before
+
+
+def test_collect_takes_the_store_layout_from_the_task(tmp_path):
+    """Meta-World's 4-d state at 80 Hz, not the tabletop's 7-d at 10 Hz (the layout used to be hard-coded)."""
+    from acce.store.episodes import EpisodeStore
+    out = tmp_path / "mw.zarr"
+    assert main(["collect", "--config", "configs/debug.yaml", "--task", "metaworld/reach-v3", "--episodes", "1",
+                 "--out", str(out), "collect.num_envs=1", "env.task_params={metaworld/reach-v3: {max_steps: 5}}",
+                 "env.tasks=[metaworld/reach-v3]"]) == 0
+    schema = EpisodeStore.open(out).schema
+    assert (schema.state_dim, schema.action_dim, schema.control_hz) == (4, 4, 80.0)
