@@ -30,10 +30,11 @@ def first_reaching(history: list[dict[str, Any]], task: str, target: float) -> t
     return None, None
 
 
-def _seed_interval(rates: list[float]) -> list[float]:
-    """Mean ± 1.96 standard errors over training seeds (the seed-level interval), clipped to [0, 1]."""
+def _seed_interval(rates: list[float]) -> list[float] | None:
+    """Mean ± 1.96 standard errors over training seeds (the seed-level interval), clipped to [0, 1]; None with fewer
+    than two seeds (JSON has no NaN)."""
     if len(rates) < 2:
-        return [float("nan"), float("nan")]
+        return None
     half = 1.96 * float(np.std(rates, ddof=1)) / np.sqrt(len(rates))
     return [max(0.0, float(np.mean(rates)) - half), min(1.0, float(np.mean(rates)) + half)]
 
@@ -44,6 +45,8 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
     v0 = [r["v0"] for r in runs["async"]]
     target = 0.9 * float(np.mean(finals["async"])) if finals["async"] else float("nan")
     steps, walls, censored = {}, {}, {}
+    # a warm start already at the target makes "steps to 90 %" 0: flagged, since it then says nothing about RL
+    at_v0 = {m: sum(bool(first_reaching(r["history"], task, target)[0] == 0) for r in runs.get(m, [])) for m in MODES}
     for mode in MODES:
         hits = [first_reaching(r["history"], task, target) for r in runs.get(mode, [])]
         censored[mode] = sum(h[0] is None for h in hits)
@@ -59,6 +62,7 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
             "final_seed_ci95": _seed_interval(finals["async"]), "rl_added_points": 100 * float(
                 np.mean(finals["async"]) - np.mean(v0)), "per_seed": per_seed, "target_90pct": target,
             "steps_to_90pct": steps, "wall_to_90pct_s": walls, "censored_runs": censored,
+            "runs_at_target_at_version0": at_v0,
             "async_over_sync_wall": (walls["sync"] / walls["async"]) if walls.get("async") and walls.get("sync")
             else None}
 
@@ -139,7 +143,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
                 axes[1][j].plot(wall, succ, "o-", ms=3, color=colors.get(mode), alpha=0.7, label=label)
         row = result["tasks"][task]
         for ax in axes[:, j]:
-            ax.axhline(row["v0"], color="k", lw=0.8, ls=":")
+            ax.axhline(row["v0"], color="k", lw=0.8, ls=":", label="version 0 (test)" if j == 0 else None)
+            ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{task}: test v0 {row['v0']:.0%} -> {row['final']:.0%}")
         axes[0][j].set_xlabel("env steps")
