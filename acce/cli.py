@@ -130,7 +130,7 @@ def cmd_eval(args) -> int:
     tasks = args.task or list(cfg.env.tasks)
     ev = make_evaluator(cfg, server, tasks, args.episodes)
     instructions = ("heldout", "train") if args.instructions == "both" else (args.instructions,)
-    results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir))
+    results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir), progress=True)
     videos = results.pop("videos")
     print(format_eval(results))
     if args.video_dir:

@@ -78,8 +78,8 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                             success[task].append(bool(ep.is_success))
                             done += 1
                             bar.update(1)
-                            done = [v for s in success.values() for v in s]
-                            bar.set_postfix(policy_success=f"{np.mean(done):.2f}", refresh=False)
+                            so_far = [v for s in success.values() for v in s]
+                            bar.set_postfix(policy_success=f"{np.mean(so_far):.2f}", refresh=False)
                         labels[i], phase[i] = [], exec_horizon
                     obs = step.obs
             finally:

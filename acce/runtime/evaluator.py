@@ -30,10 +30,14 @@ class Evaluator:
         self.tasks, self.episodes, self.num_envs = tuple(tasks), episodes, num_envs
         self.chunk_len, self.exec_horizon, self.max_delay = chunk_len, exec_horizon, max_delay
         self.latency, self.delay_aware, self.max_steps = latency, delay_aware, max_steps
+        self._bar, self._wins = None, 0
+        """run()'s progress bar over the episodes and the successes counted in it"""
 
     def run(self, seed_split: str = "test", instructions=("heldout",), video: bool = False,
-            episodes: int | None = None) -> dict[str, Any]:
-        """seed_split: 'val' or 'test'; instructions: paraphrase sets, 'heldout' and/or 'train'."""
+            episodes: int | None = None, progress: bool = False) -> dict[str, Any]:
+        """seed_split: 'val' or 'test'; instructions: paraphrase sets, 'heldout' and/or 'train'; progress: a bar
+        over the episodes with the success so far (acce eval)."""
+        from tqdm import tqdm
         from acce.wiring import SEED_SPLIT_STARTS
         if seed_split not in SEED_SPLIT_STARTS:
             raise ValueError(f"seed_split must be one of {list(SEED_SPLIT_STARTS)}, got {seed_split!r}")
@@ -42,21 +46,32 @@ class Evaluator:
             raise ValueError(f"instructions must be 'heldout' and/or 'train', got {list(instructions)}")
         episodes = self.episodes if episodes is None else int(episodes)
         results: dict[str, Any] = {"per_task": {}, "videos": {}, "seed_split": seed_split}
-        for split in instructions:
-            for task in self.tasks:
-                seeds = [SEED_SPLIT_STARTS[seed_split] + k for k in range(episodes)]
-                succ, lengths, returns, frames = self._run_task(task, split, seeds, seed_split,
-                                                                video and split == "heldout")
-                lo, hi = wilson_interval(int(sum(succ)), len(succ))
-                key = f"{task}/{seed_split}" + ("" if split == "heldout" else "/train_instr")
-                results["per_task"][key] = {
-                    "task": task, "seed_split": seed_split, "split": split, "n": len(succ),
-                    "successes": int(sum(succ)),
-                    "success_rate": float(np.mean(succ)), "ci95": [lo, hi], "mean_length": float(np.mean(lengths)),
-                    "mean_return": float(np.mean(returns)), "seeds": [seeds[0], seeds[-1]]}
-                if frames is not None:
-                    results["videos"][task] = frames
+        self._bar = tqdm(total=episodes * len(self.tasks) * len(instructions), desc=f"eval [{seed_split} seeds]",
+                         unit="ep", disable=not progress, dynamic_ncols=True)
+        self._wins = 0
+        try:
+            for split in instructions:
+                for task in self.tasks:
+                    self._one_cell(results, task, split, seed_split, episodes, video)
+        finally:
+            self._bar.close()
+            self._bar = None
         return results
+
+    def _one_cell(self, results: dict[str, Any], task: str, split: str, seed_split: str, episodes: int,
+                  video: bool) -> None:
+        """One (task, paraphrase set) cell on the first `episodes` seeds of the split, into results["per_task"]."""
+        from acce.wiring import SEED_SPLIT_STARTS
+        seeds = [SEED_SPLIT_STARTS[seed_split] + k for k in range(episodes)]
+        succ, lengths, returns, frames = self._run_task(task, split, seeds, seed_split, video and split == "heldout")
+        lo, hi = wilson_interval(int(sum(succ)), len(succ))
+        key = f"{task}/{seed_split}" + ("" if split == "heldout" else "/train_instr")
+        results["per_task"][key] = {
+            "task": task, "seed_split": seed_split, "split": split, "n": len(succ), "successes": int(sum(succ)),
+            "success_rate": float(np.mean(succ)), "ci95": [lo, hi], "mean_length": float(np.mean(lengths)),
+            "mean_return": float(np.mean(returns)), "seeds": [seeds[0], seeds[-1]]}
+        if frames is not None:
+            results["videos"][task] = frames
 
     def _run_task(self, task: str, split: str, seeds: list[int], seed_split: str, video: bool):
         n_env = min(self.num_envs, len(seeds))
@@ -98,6 +113,11 @@ class Evaluator:
                         if seed in target and seed not in outcome:
                             outcome[seed] = (bool(step.episode_success[i]), int(step.info["episode_length"][i]),
                                              float(step.info["episode_return"][i]))
+                            if self._bar is not None:
+                                self._wins += outcome[seed][0]
+                                self._bar.update(1)
+                                self._bar.set_postfix(task=task, refresh=False,
+                                                      success=f"{self._wins / max(self._bar.n, 1):.2f}")
                         tl.closed.clear()
                         tl.new_episode(0)
                 if len(outcome) == len(target):

@@ -133,3 +133,9 @@ def test_collect_takes_the_store_layout_from_the_task(tmp_path):
                  "env.tasks=[metaworld/reach-v3]"]) == 0
     schema = EpisodeStore.open(out).schema
     assert (schema.state_dim, schema.action_dim, schema.control_hz) == (4, 4, 80.0)
+
+
+def test_eval_checks_task_names_before_loading_anything(tmp_path, capsys):
+    """`acce eval --task nope` answers at once (it used to load the checkpoint and a simulator first, 16 s)."""
+    assert main(["eval", "--checkpoint", str(tmp_path / "no-such-run"), "--task", "nope"]) == 2
+    assert "unknown task(s) ['nope']" in capsys.readouterr().err
