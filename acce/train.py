@@ -149,8 +149,15 @@ class Trainer:
         from tqdm import tqdm
         cfg = self.cfg
         learner = self.build_learner()
-        runtime = self.make_runtime(learner)
         start_version = learner.version
+        if not self.history:  # the starting point (e.g. the BC warm start): what RL's gain is measured from.
+            # Evaluated before any actor runs, so it neither eats the RL wall-clock budget nor overlaps rollouts
+            state0 = learner.policy.policy_state()
+            if cfg.eval.every_versions:
+                self.evaluate(state0, start_version, video=False, split="val")
+            if cfg.train.final_eval and cfg.eval.test_at_start:
+                self.evaluate(state0, start_version, video=False, split="test")
+        runtime = self.make_runtime(learner)
         t_start, wall0 = time.time(), self.counters["wall_s"]
         last_eval, last_ckpt, last_log = start_version, start_version, 0.0
         steps0, imagined0 = self.counters["env_steps"], self.counters["imagined_steps"]
@@ -162,11 +169,6 @@ class Trainer:
         results = None
         try:
             runtime.start()
-            if not self.history:  # the starting point (e.g. the BC warm start): what RL's gain is measured from
-                if cfg.eval.every_versions:
-                    self.evaluate(runtime.policy_state(), start_version, video=False, split="val")
-                if cfg.train.final_eval and cfg.eval.test_at_start:
-                    self.evaluate(runtime.policy_state(), start_version, video=False, split="test")
             while not self._reached_target():  # (the warm start may already be there)
                 out = runtime.poll()
                 stats = runtime.stats()
