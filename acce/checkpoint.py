@@ -89,7 +89,7 @@ def policy_from_checkpoint(data: dict[str, Any]):
     return VLAPolicy.from_state(data["learner"]["policy"])
 
 
-RL_POLICY_FIELDS = ("critic", "residual_hidden")
+RL_POLICY_FIELDS = ("critic", "residual_hidden", "residual_reads_aux")
 """policy fields an RL run may set on top of a warm start (train.init_from): heads cloning never trains"""
 
 

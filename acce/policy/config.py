@@ -90,6 +90,9 @@ class PolicyConfig:
     hidden width on the action query's trunk output (read through a stop-gradient) and the normalized
     proprioception; zero-initialised, so version 0 acts exactly as the warm start. With learner.train_scope=residual
     RL trains only it, log_std and the critic (residual RL on a frozen warm start)"""
+    residual_reads_aux: bool = True
+    """the RL residual also reads the aux head's estimate of the named object's and goal's table xy (policies with
+    policy.aux_input): the correction sees where the target is, not only the trunk's summary of it"""
     critic: str = "trunk"
     """value head input: 'trunk' (the value query's trunk output) or 'privileged' (asymmetric: an MLP on the sim's
     privileged object/goal positions obs["aux"], proprioception, instruction and committed prefix; a critic input

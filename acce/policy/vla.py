@@ -86,6 +86,8 @@ class VLAPolicy(nn.Module):
         self.config = config
         self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
         self.aux_dim, self.privileged_dim = int(aux_dim), int(privileged_dim)
+        self._residual_aux = bool(config.residual_hidden and config.residual_reads_aux and config.aux_input
+                                  and self.aux_dim and config.aux_from == "keypoints")
         self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
         self.image_keys = tuple(IMAGE_PREFIX + c for c in self.cameras)
         self._language: LanguageEncoder | None = None
@@ -136,7 +138,8 @@ class VLAPolicy(nn.Module):
         nn.init.normal_(last.weight, std=0.01)
         nn.init.zeros_(last.bias)
         if config.residual_hidden:  # zero output at start: version 0 acts exactly as the warm start
-            self.residual = nn.Sequential(nn.Linear(width + state_dim, config.residual_hidden), nn.GELU(),
+            extra = self.aux_dim if self._residual_aux else 0
+            self.residual = nn.Sequential(nn.Linear(width + state_dim + extra, config.residual_hidden), nn.GELU(),
                                           nn.Linear(config.residual_hidden, out))
             nn.init.zeros_(self.residual[-1].weight)
             nn.init.zeros_(self.residual[-1].bias)
@@ -278,7 +281,8 @@ class VLAPolicy(nn.Module):
         image_tokens = feats.reshape(cams, b, per_cam, -1).transpose(0, 1).reshape(b, self.num_image_tokens, -1)
         state = (x[STATE_KEY] - self.state_mean) / self.state_std  # (B, S) normalized
         aux = None
-        if self.aux_dim and self.config.aux_from == "keypoints" and (return_aux or self.config.aux_input):
+        if self.aux_dim and self.config.aux_from == "keypoints" and (return_aux or self.config.aux_input
+                                                                     or self._residual_aux):
             aux = self.aux_head(points.reshape(cams, b, -1).transpose(0, 1).reshape(b, -1))  # (B, P) standardized
             if self.config.aux_input:
                 state = torch.cat([state, aux], dim=-1)
@@ -310,7 +314,8 @@ class VLAPolicy(nn.Module):
         shape = (-1, self.config.chunk_len, self.action_dim)
         mean = self.mean_head(f["h_action"]).view(shape)  # (B, H, A)
         if self.config.residual_hidden:  # RL's correction on the cloned head, from frozen features
-            mean = mean + self.residual(torch.cat([f["h_action"].detach(), f["state"]], -1)).view(shape)
+            parts = [f["h_action"].detach(), f["state"]] + ([f["aux"].detach()] if self._residual_aux else [])
+            mean = mean + self.residual(torch.cat(parts, -1)).view(shape)
         if self.config.critic == "privileged":
             value = self.value_head(f["privileged"], f["state"], f["lang"], f["prefix"], f["delay"],
                                     self.config.max_delay_steps)
@@ -393,7 +398,8 @@ class VLAPolicy(nn.Module):
         unknown = sorted(set(state["config"]) - known)
         if unknown:
             raise ValueError(f"policy state's config has unknown fields {unknown}; was it saved by a newer acce?")
-        config = PolicyConfig(**state["config"])
+        # policies saved before policy.residual_reads_aux existed have a residual that reads no aux estimate
+        config = PolicyConfig(**{"residual_reads_aux": False, **state["config"]})
         with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
             policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
                          tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"),

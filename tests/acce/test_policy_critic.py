@@ -70,3 +70,22 @@ def test_evaluation_needs_no_privileged_state():
     policy = build_policy(cfg, np.zeros((8, 7), np.float32))
     results = make_evaluator(cfg, InferenceServer(policy, deterministic=True), ["reach"], 2).run("val")
     assert results["per_task"]["reach/val"]["n"] == 2
+
+
+def test_residual_reads_the_aux_estimate():
+    """policy.residual_reads_aux: the RL residual's input includes the aux head's object/goal estimate (its weights
+    on those inputs get gradient), it still starts at zero, and turning it off restores the old input width."""
+    cfg = dataclasses.replace(CFG, keypoints=4, aux_from="keypoints", aux_input=True, residual_hidden=8)
+    torch.manual_seed(0)
+    policy = VLAPolicy(cfg, S, A, NORM, aux_dim=4)
+    width = cfg.trunk_width
+    assert policy.residual[0].in_features == width + S + 4
+    batch = with_prefix(make_batch(policy), [0, 1, 2])
+    base = VLAPolicy(dataclasses.replace(cfg, residual_hidden=0), S, A, NORM, aux_dim=4)
+    base.load_state_dict({k: v for k, v in policy.state_dict().items() if not k.startswith("residual.")})
+    assert torch.equal(policy(batch)[0], base(batch)[0])  # zero-initialised: version 0 acts as the warm start
+    torch.nn.init.normal_(policy.residual[-1].weight)
+    policy(batch)[0].sum().backward()
+    assert policy.residual[0].weight.grad[:, width + S:].abs().sum() > 0  # the aux columns carry gradient
+    off = VLAPolicy(dataclasses.replace(cfg, residual_reads_aux=False), S, A, NORM, aux_dim=4)
+    assert off.residual[0].in_features == width + S
