@@ -208,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | serve")
-    p.add_argument("--seeds", type=int, default=3, help="[delay, wm, rl] training seeds per cell")
+    p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | ppo-reference | serve")
+    p.add_argument("--seeds", type=int, default=3, help="[delay, wm, rl, ppo-reference] training seeds per cell")
     p.add_argument("--workdir", default=None, help="[delay, wm, rl] keep the runs here (default: a temporary folder); "
                    "finished runs found there are reused")
     p.add_argument("--plot", default=None, help="[delay, wm, rl, throughput] write the plot (PNG) here")
@@ -220,9 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "per task and noise (default 100), [delay] per evaluation (40), [wm] per periodic evaluation (the preset's eval.episodes_per_task)")
     p.add_argument("--budget-steps", dest="budget_steps", type=int, default=None,
                    help="[delay] RL env steps per cell (default 30000); [wm] the largest real env steps per run "
-                   "(default 40000); [rl] env steps per run (default 60000)")
+                   "(default 40000); [rl] env steps per run (default 60000); [ppo-reference] env steps per run (default 40000)")
     p.add_argument("--tasks", default=None, help="[delay] comma-separated tasks, the dynamic one first (default "
-                   "track,reach); [rl] tasks benchmarked one at a time (default: the preset's env.tasks)")
+                   "track,reach); [rl] tasks benchmarked one at a time (default: the preset's env.tasks); [ppo-reference] "
+                   "state-only tasks (default reach)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")

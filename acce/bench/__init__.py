@@ -57,13 +57,21 @@ def _bench_rl(cfg, args) -> dict:
                         budget_steps=args.budget_steps or 60_000, workdir=args.workdir, plot=args.plot)
 
 
+def _bench_ppo_reference(cfg, args) -> dict:
+    from acce.bench.reference_ppo import run_reference_ppo
+    tasks = [t.strip() for t in (args.tasks or "reach").split(",") if t.strip()]
+    return {"tasks": {t: [run_reference_ppo(t, budget_steps=args.budget_steps or 40_000, seed=s)
+                          for s in range(args.seeds)] for t in tasks}}
+
+
 def _bench_serve(cfg, args) -> dict:
     from robot_bridge.bench import run_serve_bench
     return run_serve_bench(args)
 
 
 BENCHES: dict[str, BenchFn] = {"serve": _bench_serve, "sim": _bench_sim, "experts": _bench_experts, "throughput": _bench_throughput,
-                               "delay": _bench_delay, "wm": _bench_wm, "rl": _bench_rl}
+                               "delay": _bench_delay, "wm": _bench_wm, "rl": _bench_rl,
+                               "ppo-reference": _bench_ppo_reference}
 """name -> benchmark function"""
 
 
