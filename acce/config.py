@@ -323,6 +323,10 @@ class Config:
         if self.policy.aux_input and not self.bc.aux_loss_coef > 0 and all(map(has_aux_labels, self.env.tasks)):
             raise ConfigError("policy.aux_input feeds the aux head's position estimate to the policy, which only the "
                               "aux loss teaches: set bc.aux_loss_coef > 0 (e.g. 1.0) or policy.aux_input=false")
+        rl_log_std = self.learner.rl_log_std
+        if rl_log_std is not None and not self.policy.min_log_std <= rl_log_std <= self.policy.max_log_std:
+            raise ConfigError(f"learner.rl_log_std={rl_log_std} is outside the policy's clamp [policy.min_log_std, "
+                              f"policy.max_log_std] = [{self.policy.min_log_std}, {self.policy.max_log_std}]")
         if self.learner.train_scope == "residual" and not self.policy.residual_hidden:
             raise ConfigError("learner.train_scope=residual trains the RL residual head: set policy.residual_hidden > 0 "
                               "(e.g. 256)")

@@ -75,6 +75,9 @@ class LearnerConfig:
     """largest learner_version - behavior_version admitted (pacing); -1 = unbounded"""
     delay_correction: bool = True
     """delay-aware learning (docs/design.md §5); false = the naive baseline"""
+    rl_log_std: float | None = None
+    """log_std of every chunk position when RL starts (a fresh run, from the warm start or from scratch; a resumed
+    run keeps its own): exploration noise sized for RL, not the cloning default (None = keep the policy's)"""
     value_warmup_updates: int = 0
     """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
     advantages from an untrained critic"""

@@ -80,14 +80,19 @@ class Trainer:
             from acce.wiring import sim_aux_dim
             policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
                                    sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
-            return Learner(policy, cfg.learner, seed=cfg.run.seed)
+            learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
+            learner.set_log_std(cfg.learner.rl_log_std)
+            return learner
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
             # the warm start on its own, so RL variants can start from the same version 0 (train.init_from)
             save_checkpoint(self.run_dir / "checkpoints" / "bc.pt",
                             {"config": to_dict(cfg), "learner": learner.state_dict(), "counters": self.counters})
+            learner.set_log_std(cfg.learner.rl_log_std)  # after bc.pt: the saved warm start keeps its own
             return learner
-        return Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+        learner = Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+        learner.set_log_std(cfg.learner.rl_log_std)
+        return learner
 
     def make_runtime(self, learner):
         from acce import wiring

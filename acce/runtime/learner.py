@@ -121,6 +121,12 @@ class Learner:
         else:
             self.optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5)
 
+    @torch.no_grad()
+    def set_log_std(self, value: float | None) -> None:
+        """learner.rl_log_std: the exploration noise RL starts with (None: unchanged)."""
+        if value is not None:
+            self.policy.log_std.fill_(float(value))
+
     # --- weights ------------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, np.ndarray]:
         return {k: v.cpu().numpy() for k, v in self.policy.trainable_state_dict().items()}

@@ -241,3 +241,27 @@ def test_residual_scope_trains_only_the_rl_heads_from_cached_features_and_resume
     resumed.load_state_dict(learner.state_dict())
     assert resumed.rl_started and not resumed.policy.trunk.embeddings.position_embeddings.weight.requires_grad
     resumed.update([segment([1, 0, 1, 0])])  # the restored optimizer matches the frozen parameter set
+
+
+def test_rl_log_std_sets_the_exploration_noise_rl_starts_with(tmp_path):
+    """learner.rl_log_std: a fresh RL run (from scratch or from train.init_from) starts with that noise; the saved
+    warm start keeps its own; an out-of-range value is one clear config error."""
+    from acce.checkpoint import save_checkpoint
+    from acce.configlib import ConfigError, to_dict
+    from acce.train import Trainer
+    base = ["bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp_path}", "learner.rl_log_std=-2.5"]
+    cfg = load("configs/debug.yaml", base + ["run.name=scratch"])
+    scratch = Trainer(cfg, progress=False).build_learner()
+    assert torch.all(scratch.policy.log_std == -2.5)
+    warm = tmp_path / "warm.pt"
+    with torch.no_grad():
+        scratch.policy.log_std.fill_(-1.0)
+    save_checkpoint(warm, {"config": to_dict(cfg), "learner": scratch.state_dict(), "counters": {}})
+    rl = Trainer(load("configs/debug.yaml", base + ["run.name=rl", f"train.init_from={warm}"]),
+                 progress=False).build_learner()
+    assert torch.all(rl.policy.log_std == -2.5)
+    keep = Trainer(load("configs/debug.yaml", base[:-1] + ["run.name=keep", f"train.init_from={warm}"]),
+                   progress=False).build_learner()
+    assert torch.all(keep.policy.log_std == -1.0)
+    with pytest.raises(ConfigError, match="rl_log_std"):
+        load("configs/debug.yaml", ["learner.rl_log_std=3.0"])
