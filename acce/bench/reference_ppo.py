@@ -1,6 +1,6 @@
 """`acce bench ppo-reference`: an independent, CleanRL-style PPO on the state-only tabletop tasks.
 
-The sanity ladder's yardstick (docs/design.md §8): per-step actions, a 64-64 tanh MLP, running observation
+The sanity ladder's yardstick (docs/design.md §10): per-step actions, a 64-64 tanh MLP, running observation
 normalization, 1,024-step batches, 10 epochs x 16 minibatches, GAE(0.99, 0.95), clip 0.2. It shares nothing with
 acce's learner but the env, so "can PPO solve this task in this many steps at all?" has an answer that does not
 depend on acce's code. The observation is the proprioception plus the privileged object/goal positions (what
