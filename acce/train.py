@@ -7,6 +7,7 @@ evaluation on test seeds and atomic checkpoints -> final evaluation and a summar
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,7 @@ class Trainer:
         t_start, wall0 = time.time(), self.counters["wall_s"]
         last_eval, last_ckpt, last_log = start_version, start_version, 0.0
         steps0, imagined0 = self.counters["env_steps"], self.counters["imagined_steps"]
+        restarts0 = self.counters.setdefault("worker_restarts", 0)  # (checkpoints before it existed have none)
         recent: list[dict] = []
         recent_imagined: list[dict] = []
         """the last 200 finished training episodes per source (imagined ones never count as sim or real)"""
@@ -180,6 +182,7 @@ class Trainer:
                 self.counters["env_steps"] = steps0 + stats["env_steps"]
                 self.counters["imagined_steps"] = imagined0 + stats.get("imagined_steps", 0)
                 self.counters["wall_s"] = wall0 + time.time() - t_start
+                self._count_restarts(restarts0 + stats.get("restarts", 0))
                 version = stats["learner_version"]
                 for upd in out["updates"]:
                     if "staleness/mean" in upd:
@@ -212,6 +215,7 @@ class Trainer:
                 self.counters["imagined_episodes" if imagined else "episodes"] += 1
                 (recent_imagined if imagined else recent).append(ep)
             final_stats = runtime.stats()
+            self._count_restarts(restarts0 + final_stats.get("restarts", 0))
             self.counters["env_steps"] = steps0 + final_stats["env_steps"]
             self.counters["imagined_steps"] = imagined0 + final_stats.get("imagined_steps", 0)
             self.counters["wall_s"] = wall0 + time.time() - t_start
@@ -242,7 +246,8 @@ class Trainer:
             print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
                   f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
                   f"({summary['env_steps_per_s']:.0f} env steps/s) on {summary['cpu_model']} x {summary['cpus']}; "
-                  f"tensorboard --logdir {self.run_dir / 'tb'}")
+                  + (f"{summary['worker_restarts']} rollout worker restart(s); " if summary["worker_restarts"] else "")
+                  + f"tensorboard --logdir {self.run_dir / 'tb'}")
         return summary
 
     def _reached_target(self) -> bool:
@@ -258,6 +263,14 @@ class Trainer:
             (t.max_env_steps > 0 and self.counters["env_steps"] >= t.max_env_steps) or \
             (t.max_versions > 0 and version >= t.max_versions)
 
+    def _count_restarts(self, total: int) -> None:
+        """Rollout workers Ray restarted after their process died: counted (summary, TensorBoard) and said once
+        each on stderr, even with --quiet (a fault the user must know about, not progress)."""
+        if total > self.counters["worker_restarts"]:
+            print(f"[acce] a rollout worker's process died and Ray restarted it ({total} restart(s) in this run); "
+                  "training continues", file=sys.stderr, flush=True)
+        self.counters["worker_restarts"] = total
+
     def _postfix(self, stats, recent, elapsed) -> dict[str, str]:
         succ = np.mean([e["success"] for e in recent]) if recent else float("nan")
         return {"env_sps": f"{stats['env_steps'] / max(elapsed, 1e-6):.0f}", "ver": stats["learner_version"],
@@ -270,6 +283,7 @@ class Trainer:
              "throughput/learner_sps": version / max(elapsed, 1e-6),
              "weights/publish_lag": stats["learner_version"] - stats["server_version"],
              "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"],
+             "progress/worker_restarts": float(self.counters.get("worker_restarts", 0)),
              **inference_metrics(stats.get("server", {}))}
         point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
         for task in self.cfg.env.tasks:
@@ -312,6 +326,7 @@ class Trainer:
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0, **machine_info(),
+                "worker_restarts": self.counters.get("worker_restarts", 0),
                 "test": self._test_summary(),
                 **{f"inference_{k.removeprefix('inference/')}": v
                    for k, v in inference_metrics(stats.get("server", {})).items()},

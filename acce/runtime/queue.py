@@ -98,6 +98,11 @@ class StalenessGate:
         self.batch_segments, self.steps_per_batch, self.max_staleness = batch_segments, steps_per_batch, max_staleness
         self.admitted = 0
         self.denied = 0
+        self.released = 0
+        """admissions given back by workers that died before delivering (release_worker)"""
+        self._open: set[tuple[int, int]] = set()
+        """(worker, env) slots whose latest admission is not known to be delivered: an env holds one admission
+        per segment, so its next acquisition means the previous segment was delivered"""
         self._lock = threading.Lock()
 
     def predicted_consumption_version(self, n: int) -> int:
@@ -110,7 +115,21 @@ class StalenessGate:
                 self.denied += 1
                 return False
             self.admitted += 1
+            self._open.add((worker_id, env_index))
             return True
+
+    def release_worker(self, worker_id: int) -> int:
+        """A worker's process died: the segments it was admitted for and had not delivered never reach the queue.
+        Without giving them back every later prediction runs ahead of real consumption, producers are told their
+        segments would be too stale, the learner never gets a batch, and the run stalls (seen after a kill -9 with
+        64-segment batches). A segment delivered just before the death is given back too: it may then be consumed
+        staler than predicted, which the learner's exclusion catches and counts. Returns how many were released."""
+        with self._lock:
+            lost = [key for key in self._open if key[0] == worker_id]
+            self._open.difference_update(lost)
+            self.admitted -= len(lost)
+            self.released += len(lost)
+            return len(lost)
 
     def shift(self, slots: int) -> None:
         """The consumer took `slots` fewer segments from this stream in a batch than the FIFO model assumes (negative:

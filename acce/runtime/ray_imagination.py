@@ -242,8 +242,9 @@ class RayImagination:
             if done:
                 try:
                     ray.get(ref, timeout=self.timeout_s)
-                except ray.exceptions.RayActorError:
-                    pass  # died (or still restarting): the loop is submitted again and waits for the new process
+                except ray.exceptions.RayActorError:  # died (or still restarting): the loop is submitted again and
+                    # waits for the new process; what it was admitted for and never delivered goes back to the gate
+                    ray.get(self.gate.release_worker.remote(IMAGINATION_WORKER_ID0 + w), timeout=self.timeout_s)
                 self._runs[w] = self.workers[w].run.remote()
         done, _ = ray.wait([self._trainer_run], timeout=0)
         if done:

@@ -74,6 +74,11 @@ class WorkerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def incarnation(self) -> tuple[int, bool]:
+        """(pid, whether Ray restarted this actor to get here): a restart during start-up has no old pid to differ
+        from"""
+        return os.getpid(), bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
     def _note_episodes(self) -> None:
         sampler = getattr(self.worker.env, "task_sampler", None)
         for ep in self.worker.drain_episodes():
@@ -120,7 +125,7 @@ class WorkerActor:
     def drain(self) -> dict:
         eps, self.episodes = self.episodes, []
         return {"episodes": eps, "stats": dict(self.worker.stats), "idle_s": self.idle_s, "busy_s": self.busy_s,
-                "alive_s": time.time() - self.started if self.started else 0.0}
+                "alive_s": time.time() - self.started if self.started else 0.0, "pid": os.getpid()}
 
 
 @ray.remote
@@ -257,14 +262,19 @@ class RayRuntime:
         self.env_steps = 0
         self._worker_stats: dict[int, dict] = {}
         self._runs: dict[int, Any] = {}
+        self._pids: dict[int, int] = {}
         self.restarts = 0
+        """rollout workers that came back in a new process (seen by a changed pid)"""
 
     def start(self) -> None:
         # Actor start-up (imports, MuJoCo, the language model) is not a hang: wait for it with its own allowance
         # before every later call is held to runtime.timeout_s.
-        ready = [h.pid.remote() for h in self.workers] + [self.server.version.remote(), self.learner.ready.remote()]
+        ready = [h.incarnation.remote() for h in self.workers] + [self.server.version.remote(),
+                                                                   self.learner.ready.remote()]
         ready += self.imagination.ready_refs() if self.imagination is not None else []
-        ray.get(ready, timeout=self.cfg.runtime.startup_timeout_s)
+        ready = ray.get(ready, timeout=self.cfg.runtime.startup_timeout_s)[:len(self.workers)]
+        self._pids = {w: pid for w, (pid, _) in enumerate(ready)}  # the baseline a later restart is seen against
+        self.restarts += sum(restarted for _, restarted in ready)  # died while starting, came back before ready
         ray.get(self.learner.publish.remote(), timeout=self.timeout_s)  # version 0 to every server first
         if self.sync:
             ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
@@ -282,8 +292,10 @@ class RayRuntime:
             if done:
                 try:
                     ray.get(ref)
-                except ray.exceptions.RayActorError:
-                    self.restarts += 1
+                except ray.exceptions.RayActorError:  # (counted by its new pid in poll(), which also sees
+                    # restarts during start-up) what it was admitted for and never delivered goes back to the gate
+                    if not self.sync:
+                        ray.get(self.gate.release_worker.remote(w), timeout=self.timeout_s)
                 self._runs[w] = self.workers[w].run.remote()
         done, _ = ray.wait([self._learner_run], timeout=0)
         if done:
@@ -314,6 +326,9 @@ class RayRuntime:
                 d = ray.get(h.drain.remote(), timeout=self.timeout_s)
             except ray.exceptions.RayActorError:
                 continue  # restarting; its episodes so far were already drained or died with it
+            if w in self._pids and d["pid"] != self._pids[w]:  # a new process: Ray restarted this worker
+                self.restarts += 1
+            self._pids[w] = d["pid"]
             prev = self._worker_stats.get(w, {}).get("env_steps", 0)
             if d["stats"]["env_steps"] < prev:  # a restarted worker counts from zero again
                 self._worker_stats[w] = {"env_steps": 0, "base": self._worker_stats[w].get("base", 0) + prev}

@@ -221,3 +221,16 @@ def test_weight_store_versions_only_move_forward():
     with pytest.raises(ValueError):
         ws.publish(2, {"a": 3})
     assert ws.get() == (3, {"a": 2})
+
+
+def test_staleness_gate_gives_back_a_dead_workers_undelivered_admissions():
+    """A worker killed mid-segment never delivers what it was admitted for. Without release_worker the gate keeps
+    predicting consumption one batch later than real, denies everyone, and the run stalls."""
+    gate = StalenessGate(batch_segments=2, steps_per_batch=3, max_staleness=0)
+    assert gate.try_acquire(0, 0, 0) and gate.try_acquire(1, 0, 0)  # worker 1 dies holding its admission
+    assert not gate.try_acquire(0, 0, 0)  # predicted consumed at version 3 with weights 0: denied
+    assert gate.release_worker(1) == 1 and gate.admitted == 1 and gate.released == 1
+    assert gate.try_acquire(0, 1, 0)  # the batch at version 0 has room again
+    # an env's next acquisition means its previous segment was delivered: only open slots are given back
+    assert gate.try_acquire(2, 0, 3) and gate.try_acquire(2, 0, 3)
+    assert gate.release_worker(2) == 1 and gate.release_worker(2) == 0 and gate.release_worker(7) == 0
