@@ -181,6 +181,10 @@ def cmd_robot(args) -> int:
         print(f"latency p50 {lat['p50_s'] * 1000:.1f} ms, p99 {lat['p99_s'] * 1000:.1f} ms over {lat['n']} requests; "
               f"safety {summary['safety_counts']}; executor {summary['executor_counts']}; "
               f"overruns {summary['overruns']}; stops {summary['stop_reasons']}")
+        causes = summary.get("request_error_causes") or {}
+        if causes:  # what the watchdog holds do not say: why the policy server stopped answering
+            print("policy request errors: " + "; ".join(f"{n} x {cause}" for cause, n in
+                                                         sorted(causes.items(), key=lambda kv: -kv[1])))
         if args.out:
             print(f"recorded to {args.out} (episodes.zarr, episodes.jsonl, latency.json)")
     if args.export_lerobot:

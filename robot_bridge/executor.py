@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -127,6 +128,9 @@ class ChunkExecutor:
         """measured d of every reply, all episodes"""
         self.request_log: list[dict[str, Any]] = []
         """this episode's requests: t, d, latency_s, version, server_timing"""
+        self.error_causes: dict[str, int] = {}
+        """why requests failed ("ConnectionRefusedError: ...", "TimeoutError: ..."), with counts, all episodes; the
+        first of each cause is also said on stderr, since the watchdog's hold alone does not say why"""
         self.episode = -1
         self._next_id = 0
         self.last_reply_s = clock()
@@ -197,6 +201,10 @@ class ChunkExecutor:
             self.pending = None
         if arrival.error is not None:
             self.counts["request_errors"] += 1
+            if arrival.error not in self.error_causes:
+                print(f"[robot] policy request failed: {arrival.error} (the watchdog holds the robot until replies "
+                      "resume; retrying)", file=sys.stderr, flush=True)
+            self.error_causes[arrival.error] = self.error_causes.get(arrival.error, 0) + 1
             self.next_request_t = tl.t + self.retry_steps  # no chunk came: ask again after the retry interval
             return [{"t": tl.t, "kind": "request_error", "detail": arrival.error}]
         latency_s = arrival.arrive_s - req.start_s

@@ -249,7 +249,8 @@ class RobotRuntime:
         return {"robot": self.robot.name, "episodes": n, "successes": wins, "success_rate": wins / max(n, 1),
                 "ci95": [lo, hi], "mean_length": float(np.mean([r.steps for r in results])) if results else 0.0,
                 "stop_reasons": [r.stop_reason for r in results], "safety_counts": dict(self.safety.counts),
-                "executor_counts": dict(ex.counts), "overruns": self.overruns,
+                "executor_counts": dict(ex.counts), "request_error_causes": dict(ex.error_causes),
+                "overruns": self.overruns,
                 "latency": latency_summary(ex.latencies_s), "control_hz": self.control_hz, "execution_horizon": self.s,
                 "chunk_len": self.H, "policy_version": self.meta.get("policy_version"),
                 "out_dir": self.config.out_dir or None}

@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_watchdog_stops_the_robot_when_the_server_is_killed(checkpoint, tmp_path):
+def test_watchdog_stops_the_robot_when_the_server_is_killed(checkpoint, tmp_path, capsys):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "robot_bridge.cli", "serve", "--checkpoint", str(checkpoint),
                              "--port", str(port), "--reload-interval-s", "0"], cwd=ROOT,
@@ -94,6 +94,10 @@ def test_watchdog_stops_the_robot_when_the_server_is_killed(checkpoint, tmp_path
             summary = runtime.run()
         policy.close()
         assert summary["stop_reasons"] == ["watchdog"]
+        # the cause reaches the console and the summary, not only episodes.jsonl
+        assert summary["request_error_causes"] and sum(summary["request_error_causes"].values()) == \
+            summary["executor_counts"]["request_errors"]
+        assert "policy request failed: " in capsys.readouterr().err
         from acce.store.episodes import EpisodeStore
         ep = EpisodeStore.open(tmp_path / "episodes.zarr")[0]
         events = json.loads((tmp_path / "episodes.jsonl").read_text())["events"]

@@ -91,6 +91,16 @@ def test_request_error_is_retried_after_the_interval():
     assert ex.counts["request_errors"] == 1 and out[1].events[0]["kind"] == "request_error"
 
 
+def test_request_error_causes_are_counted_and_said_once(capsys):
+    """The watchdog's holds do not say why the server stopped answering: the cause does, once on stderr and
+    counted for the run summary."""
+    req = StepRequester([1] * 8, errors={0, 1, 2})
+    ex, _ = run(req, 12, retry_interval_s=0.1)
+    assert ex.counts["request_errors"] == 3 and ex.error_causes == {"ConnectionError: gone": 3}
+    err = capsys.readouterr().err
+    assert err.count("policy request failed: ConnectionError: gone") == 1
+
+
 def test_reply_for_a_finished_episode_is_dropped_not_executed():
     req = StepRequester([3, 1, 1, 1])
     ex, _ = run(req, 2)  # request 0 (t=0) is still in flight when the episode ends
