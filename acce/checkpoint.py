@@ -6,6 +6,7 @@ curriculum state and progress counters. Loading a policy without normalization s
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -24,10 +25,17 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, "format_version": VERSION, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "format_version": VERSION, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as err:  # disk full, interrupted: the previous checkpoint stays, no partial file is left
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left on the device while saving {path}; the previous "
+                          "checkpoint there is intact: free some space, then resume the run") from None
+        raise
     os.replace(tmp, path)
     return path
 

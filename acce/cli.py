@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -264,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"acce {args.command}: error: {str(exc).splitlines()[0] if str(exc) else repr(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or os.environ.get("ACCE_DEBUG"):
+            raise
+        print(f"acce {args.command}: error: {exc.strerror or exc}", file=sys.stderr)  # disk full: one line
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -63,3 +63,29 @@ def test_saves_and_loads_remove_temp_files_of_killed_saves(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_leaves_no_partial_file(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """ENOSPC injected into the writer (no small filesystem to fill here): the old latest.pt is byte-identical, no
+    temp file is left, and the CLI says it in one line."""
+    import errno
+
+    from acce import cli
+    path = save_checkpoint(tmp_path / "latest.pt", PAYLOAD)
+    before = path.read_bytes()
+
+    def full_disk(obj, f, *a, **k):
+        f.write(b"x" * 1000)  # part of it got written before the device filled up
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="no space left on the device while saving .*intact"):
+        save_checkpoint(path, {**PAYLOAD, "learner": {"version": 9}})
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt"]
+
+    def command(args):
+        save_checkpoint(path, PAYLOAD)
+    monkeypatch.setattr(cli, "cmd_tasks", command)
+    assert cli.main(["tasks"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("acce tasks: error: no space left on the device")
