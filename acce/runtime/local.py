@@ -2,8 +2,8 @@
 
 async: workers take turns producing segments into the bounded queue; the learner updates whenever a batch is
 ready and publishes; the server swaps at its next batch. The StalenessGate paces producers exactly as on Ray.
-sync: the barrier baseline — every env produces one segment with the round's weights, the learner consumes the
-whole round, publishes, and the next round opens.
+sync: the barrier baseline — every env produces one segment with the round's weights (more rounds with the same
+weights until learner.batch_segments are there), the learner consumes them, publishes, and the next round opens.
 imagination (async only): after each sim worker's turn, LocalImagination feeds the recorded episodes to the world
 model, trains and publishes it, and lets one imagination worker collect; batches come from the SourceMixer.
 """
@@ -74,10 +74,14 @@ class LocalRuntime:
         updates, episodes = [], []
         if self.sync:
             segments = []
-            for w in self.workers:
-                # apply the round's weights before sampling: the server swaps at its next batch
-                segments += w.collect(min_segments=w.env.num_envs)
-                episodes += self._episodes(w)
+            while True:  # rounds with the same weights until the batch (learner.batch_segments) is full
+                for w in self.workers:
+                    # apply the round's weights before sampling: the server swaps at its next batch
+                    segments += w.collect(min_segments=w.env.num_envs)
+                    episodes += self._episodes(w)
+                if len(segments) >= self.cfg.learner.batch_segments:
+                    break
+                self.gate.open_round(self.learner.version)
             updates.append(self.learner.update(segments))
             self.publish()
         else:

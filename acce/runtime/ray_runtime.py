@@ -307,9 +307,15 @@ class RayRuntime:
     def poll(self) -> dict[str, Any]:
         updates: list[dict] = []
         if self.sync:
-            rounds = ray.get([w.collect_round.remote() for w in self.workers], timeout=self.timeout_s)
-            updates.append(ray.get(self.learner.update.remote([s for r in rounds for s in r]),
-                                   timeout=self.timeout_s))
+            segments: list = []
+            while True:  # rounds with the same weights until the batch is full: sync learns from batches as large
+                # as async's (learner.batch_segments), not from one segment per env
+                rounds = ray.get([w.collect_round.remote() for w in self.workers], timeout=self.timeout_s)
+                segments += [s for r in rounds for s in r]
+                if len(segments) >= self.cfg.learner.batch_segments:
+                    break
+                ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)
+            updates.append(ray.get(self.learner.update.remote(segments), timeout=self.timeout_s))
             self._learner_times = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)
             self.version = self._learner_times["version"]
             ray.get(self.gate.open_round.remote(self.version), timeout=self.timeout_s)

@@ -62,6 +62,19 @@ def test_async_at_zero_staleness_equals_sync():
         rt_a.shutdown()
 
 
+def test_sync_batches_are_as_large_as_async_ones():
+    """Sync with more batch segments than envs runs more rounds with the same weights: it learns from
+    learner.batch_segments per update (before, one segment per env: a 16-segment batch against async's 64 in
+    bench rl), all sampled with the current version."""
+    _, learner, rt = make_runtime(["runtime.mode=sync", "learner.batch_segments=6"])
+    try:
+        ups = run_updates(rt, 2)
+        assert [u["learner/decisions"] for u in ups] == [6 * 4, 6 * 4]  # 6 segments of 4 decisions (2 envs x 3 rounds)
+        assert all(u["staleness/max"] == 0 for u in ups)
+    finally:
+        rt.shutdown()
+
+
 def test_async_staleness_bounded_by_pacing_and_versions_advance():
     _, learner, rt = make_runtime(["runtime.mode=async", "learner.max_staleness=2"])
     try:
