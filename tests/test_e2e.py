@@ -96,3 +96,15 @@ def test_roles_that_cannot_be_placed_fail_with_a_fix_instead_of_hanging(ray_clus
     trainer = Trainer(cfg, progress=False)
     with pytest.raises(ValueError, match="lower them or add machines"):
         RayRuntime(cfg, trainer.build_learner(), None)
+
+
+def test_sync_on_ray_fills_learner_batches_with_rounds_of_the_same_weights(tmp_path, ray_cluster):
+    """The barrier baseline on Ray: 2 envs, batches of 6 segments = 3 rounds per update, staleness 0 throughout."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", "run.name=sync",
+                 "runtime.mode=sync", "learner.batch_segments=6", "train.max_versions=3", "train.final_eval=false",
+                 "eval.every_versions=0", "--quiet"]) == 0
+    ea = EventAccumulator(str(tmp_path / "sync" / "tb"))
+    ea.Reload()
+    assert {e.value for e in ea.Scalars("learner/decisions")} == {6 * 4.0}  # 6 segments of 4 decisions
+    assert max(e.value for e in ea.Scalars("staleness/max")) == 0

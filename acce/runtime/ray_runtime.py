@@ -51,7 +51,10 @@ class ServerActor:
         return dict(self.server.stats)
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
+# Rendering (MuJoCo's EGL context) must stay on one thread: run and collect_round share a one-thread group, the
+# other methods (drain, stop, pid) the default pool. On any pool thread, a second collect_round failed with
+# EGL_BAD_ACCESS (the context was current on the thread of the first).
+@ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"env": 1})
 class WorkerActor:
     def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, task_by_id: dict):
         _threads(1)
@@ -77,7 +80,10 @@ class WorkerActor:
     def incarnation(self) -> tuple[int, bool]:
         """(pid, whether Ray restarted this actor to get here): a restart during start-up has no old pid to differ
         from"""
-        return os.getpid(), bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        import warnings
+        with warnings.catch_warnings():  # Ray's property uses its own deprecated actor_id internally
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return os.getpid(), bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def _note_episodes(self) -> None:
         sampler = getattr(self.worker.env, "task_sampler", None)
@@ -94,6 +100,7 @@ class WorkerActor:
         self.busy_s += time.perf_counter() - t0
         return out
 
+    @ray.method(concurrency_group="env")
     def run(self) -> int:
         """Produce segments forever (until stop); each one goes into the queue whole or not at all."""
         while not self.stopped:
@@ -109,6 +116,7 @@ class WorkerActor:
                 self.idle_s += time.perf_counter() - t0
         return self.worker.stats["segments"]
 
+    @ray.method(concurrency_group="env")
     def collect_round(self) -> list:
         """Sync mode: one segment per env with the round's weights."""
         segments = []
