@@ -74,26 +74,29 @@ class Trainer:
             self.counters.update(d.get("counters", {}))
             self.history = d.get("history", [])
             self.curve = d.get("curve", [])
-            return learner
+            return learner  # a resumed run keeps its own exploration noise
+        learner = self._fresh_learner()
+        learner.set_log_std(cfg.learner.rl_log_std)  # after bc.pt is saved: the warm start keeps its own
+        return learner
+
+    def _fresh_learner(self):
+        """From train.init_from, from a cloning warm start run here (saved as bc.pt), or from scratch."""
+        from acce.runtime.learner import Learner
+        cfg = self.cfg
         if cfg.train.init_from:
             from acce.checkpoint import load_checkpoint as load_ckpt
             from acce.checkpoint import policy_for_rl
             from acce.wiring import sim_aux_dim
             policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
                                    sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
-            learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
-            learner.set_log_std(cfg.learner.rl_log_std)
-            return learner
+            return Learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
             # the warm start on its own, so RL variants can start from the same version 0 (train.init_from)
             save_checkpoint(self.run_dir / "checkpoints" / "bc.pt",
                             {"config": to_dict(cfg), "learner": learner.state_dict(), "counters": self.counters})
-            learner.set_log_std(cfg.learner.rl_log_std)  # after bc.pt: the saved warm start keeps its own
             return learner
-        learner = Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
-        learner.set_log_std(cfg.learner.rl_log_std)
-        return learner
+        return Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
 
     def make_runtime(self, learner):
         from acce import wiring
