@@ -13,7 +13,7 @@ from acce.config import load
 pytestmark = pytest.mark.slow
 
 
-def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
+def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capfd):
     run = tmp_path / "run"
     # no wall-clock assertion: on a loaded 2-core machine it failed a correct run (how long the preset takes is
     # BENCHMARKS' business, not a test's)
@@ -54,7 +54,11 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capsys):
     ev = json.loads(out.read_text())
     assert ev["per_task"]["reach/test"]["n"] == ev["per_task"]["reach/test/train_instr"]["n"] == 3
     assert ev["checkpoint_version"] == second["learner_version"] and ev["seed_split"] == "test"
-    assert "95% CI" in capsys.readouterr().out
+    out, err = capfd.readouterr()  # fd-level: Ray's core worker logs from C++, past sys.stderr
+    assert "95% CI" in out
+    # restartable actors get their shared roles by name: Ray cannot promise a restart whose constructor arguments
+    # live in the object store (actor handles) and says so with an ERROR line per actor
+    assert "constructor arguments in the object store" not in err
     # a new run can start from the warm start alone (version 0 again)
     assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", "run.name=from_bc",
                  f"train.init_from={run / 'checkpoints' / 'bc.pt'}", "bc.steps=0", "runtime.kind=local",

@@ -1,9 +1,57 @@
-"""Clients that rollout workers inside Ray actors use to reach the shared roles: a PolicyClient over the
-InferenceServer actor (blocking `infer`, or pipelined `submit` -> RayPending) and a Gate over the gate actor. Every
-remote wait is held to runtime.timeout_s."""
+"""The InferenceServer as a Ray actor, and the clients that rollout workers inside Ray actors use to reach the shared
+roles: a PolicyClient over the server actor (blocking `infer`, or pipelined `submit` -> RayPending) and a Gate over
+the gate actor. Every remote wait is held to runtime.timeout_s. Restartable actors find the shared roles by name
+(`named`), never by a handle passed to their constructor."""
 from __future__ import annotations
 
+from typing import Any
+
 import ray
+from ray.util.queue import Queue
+
+from acce.runtime.inference import InferenceServer
+
+
+def set_torch_threads(n: int) -> None:
+    """Each actor process gets its own torch thread count (the default would claim every core per process)."""
+    import torch
+    torch.set_num_threads(max(1, n))
+
+
+@ray.remote
+class ServerActor:
+    def __init__(self, policy_state: dict, max_batch: int, timeout_ms: float, seed: int, threads: int):
+        from acce.policy.vla import VLAPolicy
+        set_torch_threads(threads)
+        self.server = InferenceServer(VLAPolicy.from_state(policy_state), max_batch=max_batch,
+                                      timeout_ms=timeout_ms, seed=seed)
+        self.server.start()
+
+    def infer(self, batch: dict) -> dict:
+        return self.server.submit(batch).result(timeout=120)
+
+    def load_weights(self, version: int, state: Any) -> None:
+        self.server.load_weights(version, state)
+
+    def version(self) -> int:
+        return self.server.version
+
+    def stats(self) -> dict:
+        return dict(self.server.stats)
+
+
+def named(name: str, queue_maxsize: int | None = None):
+    """Look up a run's shared actor by name inside a restartable actor. Restartable actors get names, not handles:
+    Ray cannot guarantee a restart whose constructor arguments hold actor handles or object refs (ray#53727) and
+    logs an ERROR line for every such actor; a name is a plain string, and the named actor lives as long as the
+    driver that owns it (the run). With queue_maxsize, the actor is a ray.util.queue.Queue's and the thin Queue
+    wrapper is rebuilt around it."""
+    handle = ray.get_actor(name)
+    if queue_maxsize is None:
+        return handle
+    queue = Queue.__new__(Queue)
+    queue.maxsize, queue.actor = queue_maxsize, handle
+    return queue
 
 
 class RemotePolicy:

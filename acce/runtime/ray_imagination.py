@@ -24,12 +24,8 @@ from acce.runtime.imagination import (IMAGINATION_WORKER_ID0, ImaginationWorker,
                                       WMTrainerRole, imagination_metrics, rollout_kwargs)
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import StalenessGate
+from acce.runtime.ray_clients import named, set_torch_threads
 from acce.runtime.weights import WeightStore
-
-
-def _threads(n: int) -> None:
-    import torch
-    torch.set_num_threads(max(1, n))
 
 
 def _qsize(queue: Queue, timeout_s: float) -> int:
@@ -46,16 +42,23 @@ class _QueueSink:
     """Picklable episode sink for RecordingEnv: never blocks a sim worker; a full queue drops the newest episode and
     counts it (the count travels with later episodes, per sink process)."""
 
-    def __init__(self, queue: Queue, timeout_s: float):
-        self.queue, self.timeout_s = queue, timeout_s
+    def __init__(self, queue_name: str, timeout_s: float):
+        """queue_name: the episode queue's actor, looked up in the recording process (ray_clients.named: a sim
+        worker that carries this sink must stay restartable)."""
+        self.queue_name, self.timeout_s = queue_name, timeout_s
         self.dropped = 0
         self.sink_id: str | None = None
+        self._actor = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_actor": None}  # a name travels, never a handle
 
     def __call__(self, episodes: list) -> None:
         self.sink_id = self.sink_id or uuid.uuid4().hex  # first call in this process: one id per worker process
+        self._actor = self._actor or ray.get_actor(self.queue_name)
         for ep in episodes:
             try:
-                ray.get(self.queue.actor.put_nowait_batch.remote(
+                ray.get(self._actor.put_nowait_batch.remote(
                     [{"episode": ep, "sink": self.sink_id, "dropped": self.dropped}]), timeout=self.timeout_s)
             except Full:
                 self.dropped += 1
@@ -83,10 +86,13 @@ class MixedBatches:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class ImaginationActor:
-    def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, wm_store):
+    def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str]):
+        """names: the server, imagined gate and queue, and world-model store actors by name (ray_clients.named)."""
         from acce.runtime.ray_clients import RemoteGate, RemotePolicy
-        _threads(1)
+        set_torch_threads(1)
         t = cfg.runtime.timeout_s
+        server, gate, wm_store = named(names["server"]), named(names["gate"]), named(names["wm_store"])
+        queue = named(names["queue"], queue_maxsize=cfg.imagination.queue_capacity)
         self.queue, self.wm_store, self.timeout_s = queue, wm_store, t
         self.worker = ImaginationWorker(make_env, RemotePolicy(server, t), worker_id=worker_id,
                                         gate=RemoteGate(gate, t), **rollout_kwargs(cfg),
@@ -146,7 +152,7 @@ class ImaginationActor:
 @ray.remote
 class WMTrainerActor:
     def __init__(self, cfg, make_trainer, episode_queue, wm_store, threads: int):
-        _threads(threads)
+        set_torch_threads(threads)
         self.role = WMTrainerRole(make_trainer, cfg.imagination)
         self.episode_queue, self.wm_store, self.timeout_s = episode_queue, wm_store, cfg.runtime.timeout_s
         self.stopped = False
@@ -192,22 +198,26 @@ class WMTrainerActor:
 class RayImagination:
     """Creates, starts, watches and drains the imagination actors for RayRuntime."""
 
-    def __init__(self, cfg, server, make_imagined_env, make_wm_trainer, make_latency=None):
+    def __init__(self, cfg, server_name: str, make_imagined_env, make_wm_trainer, make_latency=None):
+        """server_name: the run's inference server actor; this run's own actors are named next to it."""
         icfg, lc, rt = cfg.imagination, cfg.learner, cfg.runtime
         self.cfg, self.timeout_s = cfg, rt.timeout_s
         self.n_imagined = icfg.imagined_per_batch(lc.batch_segments)
-        self.wm_store = ray.remote(WeightStore).options(num_cpus=0).remote()
-        self.queue = Queue(maxsize=icfg.queue_capacity, actor_options={"num_cpus": 0})
-        self.episode_queue = Queue(maxsize=icfg.episode_queue_capacity, actor_options={"num_cpus": 0})
-        self.gate = ray.remote(StalenessGate).options(num_cpus=0).remote(self.n_imagined, lc.steps_per_update,
-                                                                          lc.max_staleness)
+        run_id = server_name.rsplit("/", 1)[0]
+        names = {"server": server_name, **{k: f"{run_id}/imagination/{k}" for k in
+                                           ("wm_store", "queue", "episode_queue", "gate")}}
+        self.wm_store = ray.remote(WeightStore).options(num_cpus=0, name=names["wm_store"]).remote()
+        self.queue = Queue(maxsize=icfg.queue_capacity, actor_options={"num_cpus": 0, "name": names["queue"]})
+        self.episode_queue = Queue(maxsize=icfg.episode_queue_capacity,
+                                   actor_options={"num_cpus": 0, "name": names["episode_queue"]})
+        self.gate = ray.remote(StalenessGate).options(num_cpus=0, name=names["gate"]).remote(
+            self.n_imagined, lc.steps_per_update, lc.max_staleness)
         self.trainer = WMTrainerActor.options(num_cpus=icfg.trainer_cpus, num_gpus=icfg.trainer_gpus,
                                               max_concurrency=2).remote(
             cfg, make_wm_trainer, self.episode_queue, self.wm_store, rt.torch_threads)
         self.workers = [ImaginationActor.options(num_cpus=icfg.worker_cpus, max_concurrency=2).remote(
-            IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, server, self.gate, self.queue,
-            self.wm_store) for w in range(icfg.num_workers)]
-        self.sink = _QueueSink(self.episode_queue, rt.timeout_s)
+            IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, names) for w in range(icfg.num_workers)]
+        self.sink = _QueueSink(names["episode_queue"], rt.timeout_s)
         self._runs: dict[int, Any] = {}
         self._stats: dict[int, dict] = {}
         self._pids: dict[int, int] = {}

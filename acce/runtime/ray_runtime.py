@@ -11,44 +11,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
 import ray
 from ray.util.queue import Queue
 
-from acce.runtime.inference import InferenceServer
 from acce.runtime.queue import StalenessGate, SyncGate, put_until_stopped
-from acce.runtime.ray_clients import RemoteGate, RemotePolicy
+from acce.runtime.ray_clients import RemoteGate, RemotePolicy, ServerActor, named, set_torch_threads
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker
-
-
-def _threads(n: int) -> None:
-    import torch
-    torch.set_num_threads(max(1, n))
-
-
-@ray.remote
-class ServerActor:
-    def __init__(self, policy_state: dict, max_batch: int, timeout_ms: float, seed: int, threads: int):
-        from acce.policy.vla import VLAPolicy
-        _threads(threads)
-        self.server = InferenceServer(VLAPolicy.from_state(policy_state), max_batch=max_batch,
-                                      timeout_ms=timeout_ms, seed=seed)
-        self.server.start()
-
-    def infer(self, batch: dict) -> dict:
-        return self.server.submit(batch).result(timeout=120)
-
-    def load_weights(self, version: int, state: Any) -> None:
-        self.server.load_weights(version, state)
-
-    def version(self) -> int:
-        return self.server.version
-
-    def stats(self) -> dict:
-        return dict(self.server.stats)
 
 
 # Rendering (MuJoCo's EGL context) must stay on one thread: run and collect_round share a one-thread group, the
@@ -56,9 +29,12 @@ class ServerActor:
 # EGL_BAD_ACCESS (the context was current on the thread of the first).
 @ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"env": 1})
 class WorkerActor:
-    def __init__(self, worker_id: int, cfg, make_env, make_latency, server, gate, queue, task_by_id: dict):
-        _threads(1)
+    def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str], task_by_id: dict):
+        """names: the run's server, gate and queue actors by name (see `named`)."""
+        set_torch_threads(1)
         r, lc = cfg.rollout, cfg.learner
+        server, gate = named(names["server"]), named(names["gate"])
+        queue = named(names["queue"], queue_maxsize=cfg.runtime.queue_capacity)
         self.cfg, self.queue, self.task_by_id = cfg, queue, task_by_id
         env = make_env(worker_id)
         self.worker = RolloutWorker(env, RemotePolicy(server, cfg.runtime.timeout_s), worker_id=worker_id,
@@ -141,7 +117,7 @@ class LearnerActor:
     def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int, mixed=None):
         from acce.policy.vla import VLAPolicy
         from acce.runtime.learner import Learner
-        _threads(threads)
+        set_torch_threads(threads)
         self.cfg, self.queue, self.servers, self.weight_store = cfg, queue, servers, weight_store
         self.mixed = mixed
         """imagination on: ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
@@ -246,14 +222,16 @@ class RayRuntime:
         total_envs = cfg.rollout.num_workers * cfg.env.num_envs
         self.weight_store = ray.remote(WeightStore).options(num_cpus=0).remote()
         # one thread per in-flight request: every env of every pipelined worker may have one
-        self.server = ServerActor.options(num_cpus=rt.server_cpus, max_concurrency=max(
+        run_id = f"acce-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate")}
+        self.server = ServerActor.options(num_cpus=rt.server_cpus, name=self.names["server"], max_concurrency=max(
             64, 2 * total_envs)).remote(
             policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads)
-        self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0})
+        self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls = SyncGate if self.sync else StalenessGate
         gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
-        self.gate = ray.remote(gate_cls).options(num_cpus=0).remote(*gate_args)
-        self.imagination = RayImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency) \
+        self.gate = ray.remote(gate_cls).options(num_cpus=0, name=self.names["gate"]).remote(*gate_args)
+        self.imagination = RayImagination(cfg, self.names["server"], make_imagined_env, make_wm_trainer, make_latency) \
             if cfg.imagination.enabled else None
         if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
             make_env = self.imagination.wrap_env_factory(make_env)
@@ -262,7 +240,7 @@ class RayRuntime:
             learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads,
             self.imagination.batches(self.gate) if self.imagination is not None else None)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, max_concurrency=2).remote(
-            w, cfg, make_env, make_latency, self.server, self.gate, self.queue, TASK_BY_ID)
+            w, cfg, make_env, make_latency, self.names, TASK_BY_ID)
             for w in range(cfg.rollout.num_workers)]
         self.timeout_s = t
         self.version = learner.version
