@@ -35,44 +35,46 @@ def collect(cfg: CollectConfig, make_env: EnvFactory, store, *, seed: int = 0, p
     per_task = {t: cfg.episodes // len(cfg.tasks) + (1 if k < cfg.episodes % len(cfg.tasks) else 0)
                 for k, t in enumerate(cfg.tasks)}
     bar = tqdm(total=cfg.episodes, desc="collect", unit="ep", disable=not progress, dynamic_ncols=True)
-    pending: list[Episode] = []  # finished, not yet written
-    for task, quota in per_task.items():
-        if quota == 0:
-            continue
-        env = make_env([task], min(cfg.num_envs, quota), seeds=cfg.seeds, instruction_split=cfg.instruction_split,
-                       seed=int(rng.integers(2**31)))
-        try:
-            obs = env.reset()
-            recorder = EpisodeRecorder(env.num_envs, source="demo")
-            recorder.start_all(obs, env.task_names, env.seeds)
-            noisy = rng.random(env.num_envs) < cfg.noisy_fraction
-            done_count = 0
-            while done_count < quota:
-                actions = env.expert_actions(0.0)
-                noise = rng.normal(0.0, cfg.noise_std, size=actions.shape) * noisy[:, None]
-                actions = np.clip(actions + noise, -1.0, 1.0).astype(np.float32)
-                step = env.step(actions, render=True)
-                for i, ep in zip(np.flatnonzero(step.done), recorder.add(
-                        actions, step, next_tasks=env.task_names, next_seeds=env.seeds)):
-                    if done_count >= quota:
-                        break
-                    pending.append(ep)
-                    if len(pending) >= WRITE_BATCH:
-                        store.append_many(pending)
-                        pending = []
-                    done_count += 1
-                    s = stats[task]
-                    s["episodes"] += 1
-                    s["successes"] += int(ep.is_success)
-                    s["steps"] += ep.num_steps
-                    noisy[i] = rng.random() < cfg.noisy_fraction
-                    bar.update(1)
-                    bar.set_postfix({t: f"{v['successes'] / max(v['episodes'], 1):.0%}" for t, v in stats.items()})
-        finally:
-            env.close()
-    if pending:
-        store.append_many(pending)
-    bar.close()
+    try:  # the bar ends its line even when a write fails, so an error line is never glued onto it
+        pending: list[Episode] = []  # finished, not yet written
+        for task, quota in per_task.items():
+            if quota == 0:
+                continue
+            env = make_env([task], min(cfg.num_envs, quota), seeds=cfg.seeds, instruction_split=cfg.instruction_split,
+                           seed=int(rng.integers(2**31)))
+            try:
+                obs = env.reset()
+                recorder = EpisodeRecorder(env.num_envs, source="demo")
+                recorder.start_all(obs, env.task_names, env.seeds)
+                noisy = rng.random(env.num_envs) < cfg.noisy_fraction
+                done_count = 0
+                while done_count < quota:
+                    actions = env.expert_actions(0.0)
+                    noise = rng.normal(0.0, cfg.noise_std, size=actions.shape) * noisy[:, None]
+                    actions = np.clip(actions + noise, -1.0, 1.0).astype(np.float32)
+                    step = env.step(actions, render=True)
+                    for i, ep in zip(np.flatnonzero(step.done), recorder.add(
+                            actions, step, next_tasks=env.task_names, next_seeds=env.seeds)):
+                        if done_count >= quota:
+                            break
+                        pending.append(ep)
+                        if len(pending) >= WRITE_BATCH:
+                            store.append_many(pending)
+                            pending = []
+                        done_count += 1
+                        s = stats[task]
+                        s["episodes"] += 1
+                        s["successes"] += int(ep.is_success)
+                        s["steps"] += ep.num_steps
+                        noisy[i] = rng.random() < cfg.noisy_fraction
+                        bar.update(1)
+                        bar.set_postfix({t: f"{v['successes'] / max(v['episodes'], 1):.0%}" for t, v in stats.items()})
+            finally:
+                env.close()
+        if pending:
+            store.append_many(pending)
+    finally:
+        bar.close()
     return {t: {"episodes": int(v["episodes"]), "success_rate": v["successes"] / max(v["episodes"], 1),
                 "mean_length": v["steps"] / max(v["episodes"], 1)} for t, v in stats.items()}
 

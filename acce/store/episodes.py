@@ -41,6 +41,7 @@ and decode: a missing or damaged chunk is a StoreError naming the file, never ze
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -344,6 +345,9 @@ class EpisodeStore:
             found = journal.diagnose({a.path: a for a in [*self._frames.values(), *self._episode_arrays.values()]})
             if found is not None and isinstance(err, Exception):
                 raise found from None
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                raise OSError(errno.ENOSPC, f"no space left on the device while appending to {self.path}; the store "
+                                            "is unchanged (free some space and run again)") from err
             raise
         for name, values in numbers.items():
             self._index[name] = np.concatenate([self._index[name], values])
