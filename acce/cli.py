@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="[delay] comma-separated tasks, the dynamic one first (default "
                    "track,reach); [rl] tasks benchmarked one at a time (default: the preset's env.tasks); [ppo-reference] "
                    "state-only tasks (default reach)")
+    p.add_argument("--task-overrides", dest="task_overrides", action="append", default=None,
+                   help="[rl] TASK:KEY=VALUE[,KEY=VALUE...] for one task's warm start and runs, e.g. "
+                   "push:bc.episodes=400,bc.steps=1200 (repeat for several tasks)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")

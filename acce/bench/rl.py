@@ -7,10 +7,16 @@ alternates with the seed (a busy machine must not favour one). Reported (test se
 and final success per seed and their mean; from the validation curves, the env steps and wall-clock each mode needs
 to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget: censored,
 flagged). Finished runs in `--workdir` are reused, so an interrupted bench continues.
+
+`task_overrides` (`--task-overrides push:bc.episodes=400,bc.steps=1200`) size one task's warm start apart from the
+others: the preset's 100 demonstrations leave push and pick_place at 0 % (their perception needs more), and a warm
+start at 0 % gives RL nothing to lift. They apply to that task's warm start and RL runs (the RL runs then turn
+cloning off, so bc.* keys only shape the warm start), and the JSON records them under `warm_start`.
 """
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,22 @@ import numpy as np
 from acce.stats import wilson_interval
 
 MODES = ("async", "sync")
+
+
+def parse_task_overrides(specs: list[str] | None, tasks: list[str]) -> dict[str, list[str]]:
+    """["push:bc.episodes=400,bc.steps=1200", ...] -> {"push": ["bc.episodes=400", "bc.steps=1200"]}. Commas inside
+    brackets stay (`env.tasks=[a,b]`). A task that is not benchmarked or an entry without `=` is an error."""
+    out: dict[str, list[str]] = {}
+    for spec in specs or []:
+        task, sep, rest = spec.partition(":")
+        items = [i.strip() for i in re.split(r",(?![^\[]*\])", rest) if i.strip()]
+        if not sep or not items or any("=" not in i for i in items):
+            raise ValueError(f"--task-overrides {spec!r}: write TASK:KEY=VALUE[,KEY=VALUE...], e.g. "
+                             "push:bc.episodes=400,bc.steps=1200")
+        if task not in tasks:
+            raise ValueError(f"--task-overrides {spec!r}: {task!r} is not among the benchmarked tasks {tasks}")
+        out.setdefault(task, []).extend(items)
+    return out
 
 
 def first_reaching(history: list[dict[str, Any]], task: str, target: float) -> tuple[int | None, float | None]:
@@ -69,29 +91,32 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
 
 def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=(0, 1, 2),
                  budget_steps: int = 60_000, modes=MODES, workdir: str | None = None,
-                 plot: str | None = None) -> dict[str, Any]:
+                 plot: str | None = None, task_overrides: list[str] | None = None) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
-    root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
-    base = list(overrides) + [f"run.out_dir={root}"]
-    cfg0 = load(config, base)
+    cfg0 = load(config, list(overrides))  # everything is checked before a folder is made or a run starts
     if cfg0.eval.every_versions <= 0:
         raise ValueError("acce bench rl reads steps to a success level off validation curves: set "
                          "eval.every_versions > 0 in the preset or as an override")
     tasks = list(tasks or cfg0.env.tasks)
+    per_task = parse_task_overrides(task_overrides, tasks)
+    for task, items in per_task.items():
+        load(config, list(overrides) + [f"env.tasks=[{task}]", *items])
+    root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
+    base = list(overrides) + [f"run.out_dir={root}"]
     result: dict[str, Any] = {"tasks": {}, "seeds": list(seeds), "budget_env_steps": budget_steps,
                               "modes": list(modes), "warm_start": {}, "runs": {}}
     for task in tasks:
         slug = task.replace("/", "_")
-        task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform"]
+        task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
         if task.startswith("metaworld/"):  # no privileged labels there: the policy's own critic
             task_base.append("policy.critic=trunk")
         warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
         if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
                                               "eval.every_versions=0"]), progress=False).run()
-        result["warm_start"][task] = str(warm)
+        result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
         runs: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
             for mode in (modes if seed % 2 == 0 else tuple(reversed(modes))):  # alternate which mode runs first

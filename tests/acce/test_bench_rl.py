@@ -63,3 +63,29 @@ def test_rl_bench_reuses_finished_runs(fake_trainer, tmp_path):  # noqa: F811
 def test_rl_bench_needs_validation_curves(tmp_path):
     with pytest.raises(ValueError, match="eval.every_versions"):
         rl_bench.run_rl_bench(None, ["eval.every_versions=0"], tasks=["reach"], workdir=str(tmp_path))
+
+
+def test_rl_bench_sizes_one_tasks_warm_start_apart(fake_trainer, tmp_path):  # noqa: F811
+    fake_trainer.outcome = staticmethod(_outcome)
+    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50", "bc.episodes=100"], tasks=["reach", "push"],
+                                seeds=(0,), budget_steps=4000, workdir=str(tmp_path),
+                                task_overrides=["push:bc.episodes=400,bc.steps=1200"])
+    warm = {c.env.tasks[0]: c for c in fake_trainer.made if not c.train.init_from}
+    assert (warm["reach"].bc.episodes, warm["push"].bc.episodes, warm["push"].bc.steps) == (100, 400, 1200)
+    assert all(c.bc.steps == 0 for c in fake_trainer.made if c.train.init_from)  # RL runs never clone
+    assert out["warm_start"]["push"]["overrides"] == ["bc.episodes=400", "bc.steps=1200"]
+    assert out["warm_start"]["reach"]["overrides"] == []
+
+
+@pytest.mark.parametrize("spec, match", [("push", "write TASK:KEY=VALUE"), ("push:bc.episodes", "write TASK"),
+                                         ("track:bc.steps=5", "not among the benchmarked tasks")])
+def test_rl_bench_refuses_bad_task_overrides_before_any_run(fake_trainer, tmp_path, spec, match):  # noqa: F811
+    with pytest.raises(ValueError, match=match):
+        rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach", "push"], seeds=(0,),
+                              workdir=str(tmp_path / "w"), task_overrides=[spec])
+    assert fake_trainer.made == [] and not (tmp_path / "w").exists()
+
+
+def test_task_overrides_keep_commas_inside_brackets():
+    assert rl_bench.parse_task_overrides(["reach:env.tasks=[reach,push],bc.steps=3"], ["reach"]) == {
+        "reach": ["env.tasks=[reach,push]", "bc.steps=3"]}
