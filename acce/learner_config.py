@@ -10,7 +10,9 @@ from acce.configlib import ConfigError
 @dataclass(frozen=True)
 class LearnerConfig:
     algorithm: str = "ppo"
-    """trust region: 'ppo' (decoupled PPO clipping) or 'gipo' (AcceRL's Gaussian log-ratio trust weight)"""
+    """'ppo' (decoupled PPO clipping), 'gipo' (AcceRL's Gaussian log-ratio trust weight), or 'td3': off-policy
+    residual RL from a replay of the frozen trunk's features (acce/runtime/offpolicy.py; needs
+    train_scope=residual)"""
     advantage: str = "gae"
     """'gae' or 'vtrace'"""
     gamma: float = 0.99
@@ -82,13 +84,41 @@ class LearnerConfig:
     """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
     advantages from an untrained critic"""
 
+    utd: float = 2.0
+    """td3: gradient steps per new decision (update-to-data ratio); an update's optimizer steps = ceil(utd x its
+    decisions)"""
+    td3_batch: int = 256
+    """td3: transitions per gradient step, sampled uniformly from the replay"""
+    replay_decisions: int = 30_000
+    """td3: replay capacity in decisions (oldest overwritten; about 3 kB of features each)"""
+    tau: float = 0.005
+    """td3: Polyak rate of the target Q heads"""
+    actor_every: int = 2
+    """td3: one actor step per this many critic steps (TD3's delayed policy update)"""
+    bc_alpha: float = 2.5
+    """td3: TD3+BC's alpha, the weight of -Q (scaled by 1 / mean|Q|) against the mean squared residual over the
+    executed span; larger = more RL, less warm start"""
+    target_noise: float = 0.1
+    """td3: std of the target policy's smoothing noise (action units)"""
+    target_noise_clip: float = 0.25
+    """td3: clip of that noise"""
+    q_hidden: int = 256
+    """td3: width of each Q head's two hidden layers"""
+
     @property
     def steps_per_update(self) -> int:
         return self.epochs * self.minibatches
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ("ppo", "gipo"):
-            raise ConfigError(f"learner.algorithm must be 'ppo' or 'gipo', got {self.algorithm!r}")
+        if self.algorithm not in ("ppo", "gipo", "td3"):
+            raise ConfigError(f"learner.algorithm must be 'ppo', 'gipo' or 'td3', got {self.algorithm!r}")
+        if self.algorithm == "td3" and self.train_scope != "residual":
+            raise ConfigError("learner.algorithm=td3 trains a residual head on frozen features: set "
+                              "learner.train_scope=residual (and policy.residual_hidden > 0)")
+        if min(self.utd, self.td3_batch, self.replay_decisions, self.actor_every, self.q_hidden) <= 0 \
+                or not 0 < self.tau <= 1 or min(self.bc_alpha, self.target_noise, self.target_noise_clip) < 0:
+            raise ConfigError("learner.utd, td3_batch, replay_decisions, actor_every and q_hidden must be positive, "
+                              "tau in (0, 1], bc_alpha and target_noise(_clip) >= 0")
         if self.advantage not in ("gae", "vtrace"):
             raise ConfigError(f"learner.advantage must be 'gae' or 'vtrace', got {self.advantage!r}")
         if not 0 < self.gamma <= 1 or not 0 <= self.lam <= 1:

@@ -64,11 +64,11 @@ class Trainer:
     # --- setup --------------------------------------------------------------------------------------------------
     def build_learner(self):
         from acce.policy.vla import VLAPolicy
-        from acce.runtime.learner import Learner
+        from acce.runtime.learner import make_learner
         cfg = self.cfg
         if self.resume_data is not None:
             d = self.resume_data
-            learner = Learner(VLAPolicy.from_state(d["learner"]["policy"]), cfg.learner, seed=cfg.run.seed)
+            learner = make_learner(VLAPolicy.from_state(d["learner"]["policy"]), cfg.learner, seed=cfg.run.seed)
             learner.load_state_dict(d["learner"])
             self.sampler.load_state_dict(d.get("curriculum", {}))
             self.counters.update(d.get("counters", {}))
@@ -81,7 +81,7 @@ class Trainer:
 
     def _fresh_learner(self):
         """From train.init_from, from a cloning warm start run here (saved as bc.pt), or from scratch."""
-        from acce.runtime.learner import Learner
+        from acce.runtime.learner import make_learner
         cfg = self.cfg
         if cfg.train.init_from:
             from acce.checkpoint import load_checkpoint as load_ckpt
@@ -89,14 +89,14 @@ class Trainer:
             from acce.wiring import sim_aux_dim
             policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
                                    sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
-            return Learner(policy, cfg.learner, seed=cfg.run.seed)
+            return make_learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
             # the warm start on its own, so RL variants can start from the same version 0 (train.init_from)
             save_checkpoint(self.run_dir / "checkpoints" / "bc.pt",
                             {"config": to_dict(cfg), "learner": learner.state_dict(), "counters": self.counters})
             return learner
-        return Learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+        return make_learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
 
     def make_runtime(self, learner):
         from acce import wiring

@@ -53,7 +53,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     from acce.bc import DemoDataset, bc_train
     from acce.collect import collect
     from acce.config import CollectConfig
-    from acce.runtime.learner import Learner
+    from acce.runtime.learner import make_learner
     from acce.store.episodes import EpisodeStore
     from acce.wiring import env_dims, make_sim_env, sim_aux_dim
 
@@ -79,7 +79,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
                        dims.action_dim)
     policy = build_policy(cfg, data.states, aux_dim=data.aux_dim, dims=dims)
-    learner = Learner(policy, cfg.learner, seed=cfg.run.seed)
+    learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds
     # bc.steps split evenly over the phases: clone the demos, then after each DAgger round clone the aggregate

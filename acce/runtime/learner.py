@@ -344,3 +344,11 @@ class Learner:
         self._clip_gradients()
         self.optimizer.step()
         return float(loss.detach()), float("nan") if aux_loss is None else float(aux_loss.detach())
+
+
+def make_learner(policy, cfg, *, seed: int = 0) -> Learner:
+    """The learner learner.algorithm asks for: on-policy PPO/GIPO (Learner) or off-policy td3 (OffPolicyLearner)."""
+    if cfg.algorithm == "td3":
+        from acce.runtime.offpolicy import OffPolicyLearner
+        return OffPolicyLearner(policy, cfg, seed=seed)
+    return Learner(policy, cfg, seed=seed)

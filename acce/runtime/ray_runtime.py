@@ -116,12 +116,12 @@ class WorkerActor:
 class LearnerActor:
     def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int, mixed=None):
         from acce.policy.vla import VLAPolicy
-        from acce.runtime.learner import Learner
+        from acce.runtime.learner import make_learner
         set_torch_threads(threads)
         self.cfg, self.queue, self.servers, self.weight_store = cfg, queue, servers, weight_store
         self.mixed = mixed
         """imagination on: ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
-        self.learner = Learner(VLAPolicy.from_state(learner_state["policy"]), cfg.learner, seed=cfg.run.seed)
+        self.learner = make_learner(VLAPolicy.from_state(learner_state["policy"]), cfg.learner, seed=cfg.run.seed)
         self.learner.load_state_dict(learner_state)
         # run() holds this while it updates and publishes; snapshots (checkpoints, evaluation) wait for it, so they
         # never see a half-applied optimizer step
