@@ -1,6 +1,7 @@
 """The openpi websocket protocol: the unmodified openpi-client (own venv, numpy < 2) against our server; codec,
 auth, /healthz, bind rules, hot reload."""
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -153,7 +154,10 @@ def test_hot_reload_is_versioned(tmp_path, make_obs, write_ckpt):
         write_ckpt(tmp_path / "latest.pt", version=9, norm_seed=1)  # other normalization: refused
         time.sleep(0.6)
         assert client.infer(obs)["policy_version"] == 7 and host.stats["reload_refused"] == 1
-        (tmp_path / "latest.pt").write_bytes(b"not a checkpoint")  # half-copied file: keeps serving
+        # a damaged file (written aside and renamed in, so the poller cannot also catch it empty mid-write and count
+        # two errors, as it did once on a loaded machine): keeps serving
+        (tmp_path / "bad.tmp").write_bytes(b"not a checkpoint")
+        os.replace(tmp_path / "bad.tmp", tmp_path / "latest.pt")
         time.sleep(0.6)
         assert client.infer(obs)["policy_version"] == 7 and host.stats["reload_errors"] == 1
         with pytest.raises(PolicyError, match="bad request"):
