@@ -195,6 +195,21 @@ class LearnerActor:
             return self.learner.policy.policy_state()
 
 
+def ensure_ray(rt, needed_cpus: float) -> None:
+    """Join runtime.address, or start an embedded cluster watched by acce.runtime.ray_reaper (unless Ray is up)."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
+    # Logical CPUs only schedule actors; real contention is bounded by runtime.torch_threads. An embedded
+    # cluster is sized so every role fits (an actor that cannot be placed would wait forever).
+    cpus = rt.num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
+    ray.init(address=rt.address or None, num_cpus=None if rt.address else cpus,
+             include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if not rt.address:  # our own cluster: its agents must not outlive a killed driver by a minute
+        from acce.runtime.ray_reaper import watch
+        watch()
+
+
 class RayRuntime:
     def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None, make_imagined_env=None,
                  make_wm_trainer=None):
@@ -202,13 +217,7 @@ class RayRuntime:
         from acce.train import TASK_BY_ID
         rt = cfg.runtime
         needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus + RayImagination.cpus(cfg)
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
-            # Logical CPUs only schedule actors; real contention is bounded by runtime.torch_threads. An embedded
-            # cluster is sized so every role fits (an actor that cannot be placed would wait forever).
-            cpus = rt.num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed)))
-            ray.init(address=rt.address or None, num_cpus=None if rt.address else cpus,
-                     include_dashboard=False, log_to_driver=True, configure_logging=False)
+        ensure_ray(rt, needed)
         have = ray.cluster_resources().get("CPU", 0.0)
         if have < needed:
             raise ValueError(f"the Ray cluster has {have:g} CPUs but the roles request {needed:g} "
