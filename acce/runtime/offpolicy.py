@@ -155,7 +155,7 @@ class OffPolicyLearner(Learner):
             sel = in_seg.view(-1, *([1] * (v.dim() - 1)))
             out[f"n/{k}"] = torch.where(sel, nxt_seg, nxt_boot)
         out["n/mask"] = torch.where(in_seg[:, None], mask[following], boot_mask)
-        out.update({"chunk": torch.as_tensor(data["chunk"]), "mask": mask,
+        out.update({"chunk": torch.as_tensor(data["chunk"]).clamp(-1.0, 1.0), "mask": mask,  # as the env executed it
                     "reward": torch.as_tensor(data["reward"]).reshape(-1).float(),
                     "discount": torch.as_tensor(data["discount"]).reshape(-1).float()})
         return out
