@@ -84,7 +84,7 @@ TD3 = ["learner.algorithm=td3", "learner.train_scope=residual", "policy.residual
 
 @pytest.mark.parametrize("actor", ["on", "off"])
 def test_contextual_bandit_is_learned_off_policy(actor):
-    """learner.algorithm=td3 (replayed features, 2 gradient steps per decision): measured 0.8 % -> 97.3 % in 60
+    """learner.algorithm=td3 (replayed features, 2 gradient steps per decision): measured 0.8 % -> 98.0 % in 60
     updates (7,680 env steps), where PPO's best sizing reached 41.8 %; with the actor off (critic-only updates) the
     policy must stay exactly where it started."""
     extra = [] if actor == "on" else ["learner.value_warmup_updates=1000"]
