@@ -52,6 +52,11 @@ class QHead(nn.Module):
         return self.net(torch.cat([s, self.lang(lang), span, mask.float()], -1)).squeeze(-1)
 
 
+def part(batch: dict[str, torch.Tensor], side: str) -> dict[str, torch.Tensor]:
+    """The features of one side of replayed transitions: side "s" (the decision's state) or "n" (the next one)."""
+    return {k[2:]: v for k, v in batch.items() if k.startswith(side + "/") and k != "n/mask"}
+
+
 def critic_state(f: dict[str, torch.Tensor], max_delay: int) -> torch.Tensor:
     """The Q heads' state input from (replayed) features: privileged positions if present, else h_value."""
     b = f["state"].shape[0]
@@ -171,8 +176,7 @@ class OffPolicyLearner(Learner):
         data = collate(segments)
         tr = self._transitions(data)
         if self.q is None:
-            f = {k[2:]: v for k, v in tr.items() if k.startswith("s/")}
-            self._build_q(f, tr["mask"].shape[1], tr["chunk"].shape[-1])
+            self._build_q(part(tr, "s"), tr["mask"].shape[1], tr["chunk"].shape[-1])
         self.replay.add(tr)
         n_new = int(tr["reward"].shape[0])
         steps = max(1, math.ceil(cfg.utd * n_new))
@@ -209,8 +213,7 @@ class OffPolicyLearner(Learner):
 
     def _critic_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg, max_delay = self.cfg, self.policy.config.max_delay_steps
-        s = {k[2:]: v for k, v in batch.items() if k.startswith("s/")}
-        n = {k[2:]: v for k, v in batch.items() if k.startswith("n/") and k != "n/mask"}
+        s, n = part(batch, "s"), part(batch, "n")
         n["lang"] = s["lang"]
         with torch.no_grad():
             nxt = self._heads_mean(n)
@@ -234,7 +237,7 @@ class OffPolicyLearner(Learner):
 
     def _actor_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
-        s = {k[2:]: v for k, v in batch.items() if k.startswith("s/")}
+        s = part(batch, "s")
         mask = batch["mask"]
         base = {k: (v.detach() if torch.is_tensor(v) else v) for k, v in s.items()}
         mean = self._heads_mean(base)

@@ -8,7 +8,7 @@ from torch import nn
 from acce.configlib import ConfigError
 from acce.config import load
 from acce.runtime.learner import collate
-from acce.runtime.offpolicy import OffPolicyLearner
+from acce.runtime.offpolicy import OffPolicyLearner, part
 from test_learner import make_learner, segment  # noqa: E402
 
 TD3 = ["learner.algorithm=td3", "learner.train_scope=residual", "policy.residual_hidden=8", "learner.utd=1",
@@ -95,7 +95,7 @@ def test_checkpoint_round_trip_keeps_the_q_heads():
     fresh.load_state_dict(state)
     assert fresh.state_dict()["td3"]["critic_steps"] == learner.critic_steps  # kept until the heads are rebuilt
     tr = fresh._transitions(collate([seg]))
-    fresh._build_q({k[2:]: v for k, v in tr.items() if k.startswith("s/")}, tr["mask"].shape[1],
+    fresh._build_q(part(tr, "s"), tr["mask"].shape[1],
                    tr["chunk"].shape[-1])
     for a, b in zip(learner.q.state_dict().values(), fresh.q.state_dict().values()):
         torch.testing.assert_close(a, b)
