@@ -113,7 +113,7 @@ def cmd_eval(args) -> int:
     from acce.config import Config
     from acce.configlib import load_config
     from acce.runtime.evaluator import format_eval
-    from acce.runtime.inference import InferenceServer
+    from acce.serving.inference import InferenceServer
     from acce.wiring import make_evaluator
     import tempfile
     import yaml

@@ -125,7 +125,7 @@ class Trainer:
         """One evaluation of `policy_state`: 'val' seeds (periodic; choices) or 'test' seeds (version 0 and final;
         reports). Its scalars go to TensorBoard and to a history row tagged with the split."""
         from acce.policy.vla import VLAPolicy
-        from acce.runtime.inference import InferenceServer
+        from acce.serving.inference import InferenceServer
         from acce.wiring import make_evaluator
         cfg = self.cfg
         server = InferenceServer(VLAPolicy.from_state(policy_state), deterministic=True)

@@ -161,7 +161,7 @@ def _in_sim(checkpoint: Path, task: str, episodes: int, latency_file: Path) -> d
     from acce.checkpoint import load_checkpoint, policy_from_checkpoint
     from acce.config import Config
     from acce.configlib import load_config
-    from acce.runtime.inference import InferenceServer
+    from acce.serving.inference import InferenceServer
     from acce.wiring import make_evaluator
     from sim.latency import EmpiricalLatency
     import yaml

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline
+from acce.serving.timeline import Decision, DecisionInput, EnvTimeline
 from acce.types import IMAGE_PREFIX, INSTRUCTION_KEY, STATE_KEY
 
 

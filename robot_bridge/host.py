@@ -45,7 +45,7 @@ class PolicyHost:
         """torch_threads > 0 sets torch's (process-wide) intra-op thread count. Why: on the 2-core CI machine under
         load, the debug policy took 80-190 ms per call with torch's default 2 threads and 1-3 ms with 1."""
         from acce.checkpoint import load_checkpoint, policy_from_checkpoint
-        from acce.runtime.inference import InferenceServer
+        from acce.serving.inference import InferenceServer
 
         if torch_threads > 0:
             import torch

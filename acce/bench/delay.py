@@ -91,7 +91,7 @@ def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def _evaluate(cfg, checkpoint: Path, episodes: int) -> dict[str, Any]:
     """Held-out success of a checkpoint's policy under cfg's latency (the evaluator acce eval uses)."""
     from acce.checkpoint import load_checkpoint, policy_from_checkpoint
-    from acce.runtime.inference import InferenceServer
+    from acce.serving.inference import InferenceServer
     from acce.wiring import make_evaluator
     server = InferenceServer(policy_from_checkpoint(load_checkpoint(checkpoint)), deterministic=True)
     results = make_evaluator(cfg, server, cfg.env.tasks, episodes).run(video=False)

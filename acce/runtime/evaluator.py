@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from acce.runtime.timeline import Decision, EnvTimeline, stack_inputs
+from acce.serving.timeline import Decision, EnvTimeline, stack_inputs
 from acce.types import batch_row
 from acce.stats import wilson_interval
 

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from acce.runtime.imagination import LocalImagination
-from acce.runtime.inference import InferenceServer
+from acce.serving.inference import InferenceServer
 from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker

@@ -9,7 +9,7 @@ from typing import Any
 import ray
 from ray.util.queue import Queue
 
-from acce.runtime.inference import InferenceServer
+from acce.serving.inference import InferenceServer
 
 
 def set_torch_threads(n: int) -> None:

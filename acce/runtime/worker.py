@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from acce.runtime.timeline import Decision, DecisionInput, EnvTimeline, stack_inputs
+from acce.serving.timeline import Decision, DecisionInput, EnvTimeline, stack_inputs
 from acce.types import TASK_ID_KEY, LatencyModel, Segment, batch_row
 
 

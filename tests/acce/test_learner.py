@@ -7,7 +7,7 @@ from acce.config import load
 from acce.policy.norm import NormStats
 from acce.policy.vla import VLAPolicy
 from acce.runtime.learner import Learner, collate
-from acce.runtime.timeline import EnvTimeline, build_segment
+from acce.serving.timeline import EnvTimeline, build_segment
 from test_timeline import decide  # noqa: E402  (tests/acce is on sys.path under pytest's rootdir import mode)
 
 G = 0.9
@@ -221,7 +221,7 @@ def test_residual_scope_trains_only_the_rl_heads_from_cached_features_and_resume
     """learner.train_scope=residual: cloning never trains the residual (it stays zero: version 0 = the warm start);
     RL changes only residual.*, log_std and the critic, from trunk features computed once per update; the publish
     holds just those; a resumed learner rebuilds the same optimizer."""
-    from acce.runtime.inference import InferenceServer
+    from acce.serving.inference import InferenceServer
     over = ["policy.residual_hidden=16", "learner.train_scope=residual", "learner.epochs=2", "learner.minibatches=2"]
     _, learner = make_learner(over)
     assert not any(id(p) in {id(q) for q in learner.policy.residual.parameters()}

@@ -63,7 +63,7 @@ def test_warm_start_gets_the_critic_rl_asks_for():
 
 def test_evaluation_needs_no_privileged_state():
     """A privileged-critic policy evaluates on envs that provide no obs['aux'] (what a robot gives it)."""
-    from acce.runtime.inference import InferenceServer
+    from acce.serving.inference import InferenceServer
     from acce.wiring import make_evaluator
     from acce.train import build_policy
     cfg = load("configs/debug.yaml", ["policy.critic=privileged", "eval.num_envs=2"])

@@ -9,7 +9,7 @@ import torch
 from acce.config import load
 from acce.policy.norm import NormStats
 from acce.policy.vla import VLAPolicy
-from acce.runtime.inference import InferenceServer
+from acce.serving.inference import InferenceServer
 from acce.runtime.learner import Learner
 from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate, put_until_stopped
 from acce.runtime.weights import WeightStore

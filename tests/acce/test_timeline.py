@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from acce.runtime.timeline import Decision, EnvTimeline, build_segment
+from acce.serving.timeline import Decision, EnvTimeline, build_segment
 
 A = 2
 G = 0.9

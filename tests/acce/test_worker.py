@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from acce.config import load
-from acce.runtime.inference import InferenceServer
+from acce.serving.inference import InferenceServer
 from acce.runtime.worker import FuturePending, RolloutWorker
 from sim.vector_env import SimVectorEnv
 from test_runtime import TINY, tiny_policy
