@@ -43,6 +43,92 @@ def image_keys(obs: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in obs if k.startswith(IMAGE_PREFIX))
 
 
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a policy trained in one env needs from any other place it runs (docs/design.md §11).
+
+    The env factory produces it (`SimVectorEnv.spec`, `acce.wiring.env_spec`); it travels with the policy
+    (`VLAPolicy.env_spec`, checkpoints), the episode store (`StoreSchema.from_spec`), the server's metadata and
+    the robot runtime, so nothing downstream hard-codes a width or a rate.
+    """
+
+    state_dim: int
+    """S: obs["state"] is float32 (S,) proprioception"""
+    action_dim: int
+    """A: an action is float32 (A,) in [-1, 1]"""
+    action_repr: str
+    """what an action means once the env maps it to physical commands: "delta_xyz_gripper" (both sims: fingertip or
+    hand displacement in units of max_step_m, then a gripper command), "joint_pos_abs" (a joint-position arm),
+    "normalized" (unknown: stores and policies that predate the spec). A robot mapping must implement the same one"""
+    control_hz: float
+    """control steps per second: one action per step, so a policy is only valid at the rate it was trained at"""
+    cameras: tuple[str, ...]
+    """camera names, sorted: obs["image/<camera>"] for each"""
+    image_size: int
+    """side of every (square) camera image, pixels"""
+    max_step_m: float = 0.0
+    """end-effector displacement one unit action commands per control step, metres (delta representations; 0 where
+    it has no meaning, e.g. joint positions)"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cameras", tuple(sorted(str(c) for c in self.cameras)))
+        problems = []
+        if int(self.state_dim) < 1 or int(self.action_dim) < 1:
+            problems.append(f"state_dim={self.state_dim} and action_dim={self.action_dim} must be >= 1")
+        if not isinstance(self.action_repr, str) or not self.action_repr:
+            problems.append(f"action_repr must be a non-empty string, got {self.action_repr!r}")
+        if not float(self.control_hz) > 0:
+            problems.append(f"control_hz={self.control_hz} must be > 0")
+        if not self.cameras or len(set(self.cameras)) != len(self.cameras):
+            problems.append(f"cameras must be distinct names, at least one, got {list(self.cameras)}")
+        if int(self.image_size) < 1:
+            problems.append(f"image_size={self.image_size} must be >= 1 pixel")
+        if float(self.max_step_m) < 0:
+            problems.append(f"max_step_m={self.max_step_m} must be >= 0")
+        if problems:
+            raise ValueError("env spec is invalid: " + "; ".join(problems))
+        for name, kind in (("state_dim", int), ("action_dim", int), ("control_hz", float), ("image_size", int),
+                           ("max_step_m", float)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types (fits JSON, msgpack, torch.save): cameras as a list."""
+        return {"state_dim": self.state_dim, "action_dim": self.action_dim, "action_repr": self.action_repr,
+                "control_hz": self.control_hz, "cameras": list(self.cameras), "image_size": self.image_size,
+                "max_step_m": self.max_step_m}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
+        """Inverse of to_dict; a missing or unknown key is a ValueError naming it."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"env spec must be a dict (EnvSpec.to_dict()), got {type(d).__name__}")
+        names = [f for f in cls.__dataclass_fields__]
+        missing = [n for n in names if n not in d and n != "max_step_m"]
+        unknown = sorted(set(d) - set(names))
+        if missing or unknown:
+            raise ValueError(f"env spec dict has missing keys {missing} / unknown keys {unknown}; expected {names}")
+        return cls(**{**d, "cameras": tuple(d["cameras"])})
+
+    def action_repr_dict(self) -> dict[str, Any]:
+        """The action description a policy's normalization statistics carry (`NormStats.action_repr`)."""
+        out: dict[str, Any] = {"type": self.action_repr, "dim": self.action_dim, "range": [-1, 1],
+                               "control_hz": self.control_hz}
+        return {**out, "max_step_m": self.max_step_m} if self.max_step_m else out
+
+    def differences(self, other: "EnvSpec") -> dict[str, tuple[Any, Any]]:
+        """field -> (this spec's value, other's) where they differ."""
+        return {n: (getattr(self, n), getattr(other, n)) for n in self.__dataclass_fields__
+                if getattr(self, n) != getattr(other, n)}
+
+    def check_compatible(self, other: "EnvSpec", this: str = "this", that: str = "other") -> None:
+        """Raise one ValueError naming every field where `other` differs (a policy runs only where its spec holds).
+        `this` / `that` name the two sides in the message, e.g. "the policy" and "the robot"."""
+        diff = self.differences(other)
+        if diff:
+            raise ValueError("env specs differ: " + "; ".join(f"{n}: {this} {a!r}, {that} {b!r}"
+                                                               for n, (a, b) in diff.items()))
+
+
 @dataclass
 class VecStep:
     """Result of one batched env step (N envs).

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from acce.types import AUX_KEY, INSTRUCTION_KEY, STATE_KEY
+from acce.types import AUX_KEY, INSTRUCTION_KEY, STATE_KEY, EnvSpec
 from sim.scene import WORKSPACE_HIGH, WORKSPACE_LOW, Scene
 from sim.task import AUX_DIM, INSTRUCTION_SPLITS, Task, TaskConfig
 
@@ -20,6 +20,8 @@ STATE_DIM = 7
 """fingertip position (3, m), fingertip velocity (3, m/s), finger opening (1, 0 closed .. 1 open)"""
 ACTION_DIM = 4
 """(dx, dy, dz) fingertip motion in units of max_step_m, gripper command (+1 close, -1 open)"""
+ACTION_REPR = "delta_xyz_gripper"
+"""the action representation (acce.types.EnvSpec.action_repr): fingertip displacement, then a gripper command"""
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " ,.'-"
 TARGET_LEASH_M = 0.03
 """the mocap target may lead the real fingertip by at most this much, so pushing into the table or an object
@@ -74,6 +76,12 @@ class TabletopEnv(gym.Env):
         self.instruction = ""
         self.elapsed_steps = 0
         self._episode_success = False
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """What a policy trained here needs from any other place it runs (not gymnasium's registry `spec`)."""
+        return EnvSpec(self.state_dim, self.action_dim, ACTION_REPR, self.control_hz, self.cameras, self.image_size,
+                       self.max_step_m)
 
     # --- gymnasium API ---------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 
 from acce.task_names import task_id  # noqa: E402
+from acce.types import EnvSpec  # noqa: E402
 
 TASK_PREFIX = "metaworld/"
 """registry prefix of Meta-World task names: "metaworld/reach-v3" """
@@ -50,6 +51,9 @@ INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " " + string.punctu
 """characters an instruction may contain (gymnasium Text space)"""
 STATE_DIM = 4
 """hand xyz + gripper opening"""
+ACTION_REPR = "delta_xyz_gripper"
+"""Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its
+action_scale (our max_step_m), then a gripper effort (+1 closes)"""
 
 # Hand-written instructions for the common families; anything else falls back to the task name in words.
 _INSTRUCTIONS = {
@@ -222,6 +226,12 @@ class MetaWorldEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         reward, terminated, truncated, info = self.step_no_render(action)
         return self.observe(), reward, terminated, truncated, info
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """What a policy trained here needs elsewhere: one camera, `image/front` (not gymnasium's `spec`)."""
+        return EnvSpec(self.state_dim, self.action_dim, ACTION_REPR, self.control_hz, ("front",), self.image_size,
+                       self.max_step_m)
 
     def render(self) -> np.ndarray | None:
         """The front camera image (render_mode "rgb_array"); None without a render mode, as gymnasium expects."""

@@ -7,6 +7,7 @@ cannot lift this, the pixels are not the problem).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ class PrivilegedStateEnv:
         from sim.task import AUX_DIM
         self.env = env
         self.state_dim = int(env.state_dim) + AUX_DIM
+        self.env_spec = dataclasses.replace(env.env_spec, state_dim=self.state_dim)
 
     def __getattr__(self, name: str):
         return getattr(self.env, name)

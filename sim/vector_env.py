@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Obs, VecStep
+from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, EnvSpec, Obs, VecStep
 from sim.env import TabletopEnv
 from sim.task import TRAIN_SEEDS, TaskConfig
 
@@ -112,6 +112,8 @@ class SimVectorEnv:
         self.state_dim, self.action_dim, self.control_hz = env.state_dim, env.action_dim, env.control_hz
         self.max_step_m = env.max_step_m
         """the first task's action scale (m per unit action and control step), for the policy's action_repr"""
+        self.env_spec: EnvSpec = env.env_spec
+        """the first task's env spec (the tasks share widths and rate, checked above): what the policy inherits"""
 
     def _env(self, i: int, task: str) -> TabletopEnv:
         if task not in self._envs[i]:

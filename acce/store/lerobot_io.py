@@ -153,7 +153,9 @@ def _schema_of(ds: Any, src_dir: Path) -> StoreSchema:
     return StoreSchema(image_shapes=shapes, state_dim=int(feats["observation.state"]["shape"][0]),
                        action_dim=int(feats["action"]["shape"][0]),
                        control_hz=float(sidecar.get("control_hz", ds.meta.fps)), extra=sidecar.get("extra", {}),
-                       aux_dim=int(feats[AUX_COLUMN]["shape"][0]) if AUX_COLUMN in feats else 0)
+                       aux_dim=int(feats[AUX_COLUMN]["shape"][0]) if AUX_COLUMN in feats else 0,
+                       action_repr=str(sidecar.get("action_repr", "")),
+                       max_step_m=float(sidecar.get("max_step_m", 0.0)))
 
 
 def _episode(ds: Any, table: Any, schema: StoreSchema, index: int, repo_id: str) -> Episode:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, EnvSpec, Episode
 
 TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
     "reward": (np.float32, 0.0),
@@ -47,6 +47,32 @@ class StoreSchema:
     """free-form JSON metadata (robot type, task registry version, ...); not interpreted by the store"""
     aux_dim: int = 0
     """P: obs["aux"] is float32 (T+1, P) privileged training labels (simulated demos only); 0 = none"""
+    action_repr: str = ""
+    """what the actions mean (EnvSpec.action_repr); "" = not recorded (stores written before the env spec, imports)"""
+    max_step_m: float = 0.0
+    """end-effector displacement of a unit action per step, metres (EnvSpec.max_step_m); 0 = none or not recorded"""
+
+    @classmethod
+    def fields_for(cls, spec: EnvSpec, *, aux_dim: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of `EpisodeStore.create` / `open_or_create` for episodes of an env spec."""
+        return {"image_shapes": {c: (spec.image_size, spec.image_size) for c in spec.cameras},
+                "state_dim": spec.state_dim, "action_dim": spec.action_dim, "control_hz": spec.control_hz,
+                "action_repr": spec.action_repr, "max_step_m": spec.max_step_m, "aux_dim": aux_dim,
+                **({"extra": extra} if extra is not None else {})}
+
+    @classmethod
+    def from_spec(cls, spec: EnvSpec, *, aux_dim: int = 0, extra: dict[str, Any] | None = None) -> StoreSchema:
+        return cls(**{"extra": {}, **cls.fields_for(spec, aux_dim=aux_dim, extra=extra)})
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """The env spec the episodes were recorded under. Stores without a recorded action representation read as
+        "normalized" (unknown); cameras of different or non-square sizes have no EnvSpec (ValueError)."""
+        sizes = {h for h, w in self.image_shapes.values() if h == w}
+        if len(sizes) != 1 or any(h != w for h, w in self.image_shapes.values()):
+            raise ValueError(f"image_shapes {self.image_shapes} are not one square size: no env spec describes them")
+        return EnvSpec(self.state_dim, self.action_dim, self.action_repr or "normalized", self.control_hz,
+                       tuple(self.image_shapes), sizes.pop(), self.max_step_m)
 
     def __post_init__(self) -> None:
         shapes = {str(k): (int(v[0]), int(v[1])) for k, v in sorted(dict(self.image_shapes).items())}
@@ -62,6 +88,8 @@ class StoreSchema:
             raise ValueError(f"state_dim={self.state_dim} and action_dim={self.action_dim} must both be >= 1")
         if not self.control_hz > 0:
             raise ValueError(f"control_hz={self.control_hz} must be > 0")
+        if not isinstance(self.action_repr, str) or self.max_step_m < 0:
+            raise ValueError(f"action_repr={self.action_repr!r} must be a str and max_step_m={self.max_step_m} >= 0")
         try:
             json.dumps(self.extra)
         except TypeError as err:
@@ -70,12 +98,16 @@ class StoreSchema:
     def to_json(self) -> dict[str, Any]:
         return {"image_shapes": {k: list(v) for k, v in self.image_shapes.items()}, "state_dim": self.state_dim,
                 "action_dim": self.action_dim, "control_hz": self.control_hz, "extra": self.extra,
-                "aux_dim": self.aux_dim}
+                "aux_dim": self.aux_dim,
+                # only when recorded, so stores without them keep the layout older readers know
+                **({"action_repr": self.action_repr} if self.action_repr else {}),
+                **({"max_step_m": self.max_step_m} if self.max_step_m else {})}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StoreSchema:
         return cls(image_shapes=d["image_shapes"], state_dim=int(d["state_dim"]), action_dim=int(d["action_dim"]),
-                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {}, aux_dim=int(d.get("aux_dim", 0)))
+                   control_hz=float(d["control_hz"]), extra=d.get("extra") or {}, aux_dim=int(d.get("aux_dim", 0)),
+                   action_repr=str(d.get("action_repr", "")), max_step_m=float(d.get("max_step_m", 0.0)))
 
     def frame_arrays(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         """frames/ array name -> (shape after the frame axis, dtype); names equal Episode obs keys where shared."""
@@ -95,6 +127,10 @@ class StoreSchema:
                 ("extra",) if compare_extra else ()):
             if getattr(self, name) != getattr(other, name):
                 return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
+        for name in ("action_repr", "max_step_m"):  # compared where both sides recorded them (older stores did not)
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine and theirs and mine != theirs:
+                return f"{name}: store has {mine!r}, requested {theirs!r}"
         return None
 
     def frame_rows(self, episode: Episode) -> dict[str, np.ndarray]:
