@@ -93,25 +93,34 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def policy_from_checkpoint(data: dict[str, Any]):
+    """The checkpoint's policy, with its env spec (derived from the run's config for checkpoints saved before
+    policies carried one)."""
     from acce.policy.vla import VLAPolicy
-    return VLAPolicy.from_state(data["learner"]["policy"])
+    return VLAPolicy.from_state(data["learner"]["policy"], image_size=checkpoint_image_size(data))
+
+
+def checkpoint_image_size(data: dict[str, Any]) -> int | None:
+    """env.image_size of the run that wrote a checkpoint (None when the checkpoint has no config)."""
+    size = (data.get("config") or {}).get("env", {}).get("image_size")
+    return int(size) if size is not None else None
 
 
 RL_POLICY_FIELDS = ("critic", "residual_hidden", "residual_reads_aux")
 """policy fields an RL run may set on top of a warm start (train.init_from): heads cloning never trains"""
 
 
-def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int):
+def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int, image_size: int | None = None):
     """A warm start's policy with the RL heads the run's config asks for (policy.critic, policy.residual_hidden):
     the cloned weights as saved, freshly built weights where a head is new or changed kind (cloning never trains
-    the value head, and a new residual starts at zero, so version 0 still acts as the warm start)."""
+    the value head, and a new residual starts at zero, so version 0 still acts as the warm start). image_size: as
+    in VLAPolicy.from_state (a warm start saved without an env spec gets one derived)."""
     from acce.policy.config import PolicyConfig
     from acce.policy.norm import NormStats
     from acce.policy.vla import VLAPolicy
     saved = policy_state["config"]
     want = {f: getattr(policy_cfg, f) for f in RL_POLICY_FIELDS}
     if all(saved.get(f, getattr(PolicyConfig, f)) == v for f, v in want.items()):
-        return VLAPolicy.from_state(policy_state)
+        return VLAPolicy.from_state(policy_state, image_size)
     state = {**policy_state, "config": {**saved, **want},
              "privileged_dim": privileged_dim if want["critic"] == "privileged" else 0}
     with torch.random.fork_rng(devices=[]):
@@ -123,4 +132,4 @@ def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int)
     fresh = ("value_head.",) if saved.get("critic", "trunk") != want["critic"] else ()
     weights = dict(built.state_dict())
     weights.update({k: v for k, v in policy_state["state_dict"].items() if k in weights and not k.startswith(fresh)})
-    return VLAPolicy.from_state({**state, "state_dict": weights})
+    return VLAPolicy.from_state({**state, "state_dict": weights}, image_size)

@@ -49,6 +49,7 @@ def cmd_tasks(args) -> int:
 def cmd_collect(args) -> int:
     from acce.collect import collect, format_summary
     from acce.store.episodes import EpisodeStore
+    from acce.store.schema import StoreSchema
     from acce.wiring import make_sim_env
 
     extra = []
@@ -68,13 +69,11 @@ def cmd_collect(args) -> int:
         return 0
     _check_task_names(list(c.tasks))  # before any env or store is made
     probe = make_sim_env(list(c.tasks), 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras)
-    try:  # the store's layout comes from the tasks' own envs (tabletop: 7-d state at 10 Hz; Meta-World: 4-d, 80 Hz)
-        dims = (int(probe.state_dim), int(probe.action_dim), float(probe.control_hz))
+    try:  # the store's layout is the env spec of the tasks' own envs
+        spec = probe.env_spec
     finally:
         probe.close()
-    store = EpisodeStore.open_or_create(
-        c.out, image_shapes={cam: (cfg.env.image_size, cfg.env.image_size) for cam in cfg.env.cameras},
-        state_dim=dims[0], action_dim=dims[1], control_hz=dims[2])
+    store = EpisodeStore.open_or_create(c.out, **StoreSchema.fields_for(spec))
     before = len(store)
 
     def make_env(tasks, num_envs, **kw):

@@ -22,7 +22,8 @@ from acce.machine import machine_info
 from acce.metrics import Metrics
 from acce.runtime.curriculum import TaskSampler
 from acce.runtime.evaluator import eval_scalars, format_eval, format_rl_table
-from acce.warmstart import bc_warmstart, build_policy, env_states  # noqa: F401  (build_policy: public here)
+from acce.policy.build import build_policy  # noqa: F401  (public here too)
+from acce.warmstart import bc_warmstart, env_states
 
 TASK_BY_ID = task_names.TASK_BY_ID
 """task id -> name, tabletop tasks and Meta-World (acce.task_names.task_id)"""
@@ -68,7 +69,8 @@ class Trainer:
         cfg = self.cfg
         if self.resume_data is not None:
             d = self.resume_data
-            learner = make_learner(VLAPolicy.from_state(d["learner"]["policy"]), cfg.learner, seed=cfg.run.seed)
+            learner = make_learner(VLAPolicy.from_state(d["learner"]["policy"], cfg.env.image_size), cfg.learner,
+                                   seed=cfg.run.seed)
             learner.load_state_dict(d["learner"])
             self.sampler.load_state_dict(d.get("curriculum", {}))
             self.counters.update(d.get("counters", {}))
@@ -88,7 +90,7 @@ class Trainer:
             from acce.checkpoint import policy_for_rl
             from acce.wiring import sim_aux_dim
             policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
-                                   sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
+                                   sim_aux_dim() if cfg.policy.critic == "privileged" else 0, cfg.env.image_size)
             return make_learner(policy, cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
             learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)

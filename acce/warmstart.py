@@ -1,5 +1,6 @@
 """The behavior-cloning warm start (version 0): scripted demos -> cloning phases with DAgger rounds between them;
-and normalization states for a policy that starts from scratch. Split from acce/train.py by size."""
+and normalization states for a policy that starts from scratch. Split from acce/train.py by size. `build_policy`
+lives in acce/policy/build.py and is re-exported here and by acce.train."""
 from __future__ import annotations
 
 import time
@@ -10,27 +11,7 @@ import numpy as np
 
 from acce.config import Config
 from acce.metrics import Metrics
-
-
-def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None, dims=None):
-    """A fresh policy; aux_dim None = the sim's aux labels when the config trains an aux head (bc.aux_loss_coef);
-    dims (wiring.EnvDims) None = read from cfg.env.tasks' envs (action size, action scale and control rate)."""
-    import torch
-
-    from acce.policy.norm import NormStats
-    from acce.policy.vla import VLAPolicy
-    from acce.wiring import env_dims, sim_aux_dim
-    if aux_dim is None:
-        aux_dim = sim_aux_dim() if cfg.bc.aux_loss_coef > 0 else 0
-    dims = dims or env_dims(cfg)
-    torch.manual_seed(cfg.run.seed)
-    # what a robot bridge needs to execute the actions: both sims command end-effector deltas + a gripper effort
-    norm = NormStats.from_states(states, action_repr={"type": "delta_xyz_gripper", "dim": dims.action_dim,
-                                                      "range": [-1, 1], "max_step_m": dims.max_step_m,
-                                                      "control_hz": dims.control_hz})
-    privileged = sim_aux_dim() if cfg.policy.critic == "privileged" else 0  # critic input (obs["aux"]) only
-    return VLAPolicy(cfg.policy, dims.state_dim, dims.action_dim, norm, cameras=cfg.env.cameras, aux_dim=aux_dim,
-                     privileged_dim=privileged)
+from acce.policy.build import build_policy
 
 
 def env_states(cfg: Config, steps: int = 200) -> np.ndarray:
@@ -55,15 +36,13 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
     from acce.config import CollectConfig
     from acce.runtime.learner import make_learner
     from acce.store.episodes import EpisodeStore
-    from acce.wiring import env_dims, make_sim_env, sim_aux_dim
+    from acce.store.schema import StoreSchema
+    from acce.wiring import env_spec, make_sim_env, sim_aux_dim
 
     demo_path = run_dir / "demos.zarr"
     aux = cfg.bc.aux_loss_coef > 0  # the demos then carry the privileged aux labels (targets, never inputs)
-    dims = env_dims(cfg)  # tabletop: 7-d state at 10 Hz; Meta-World: 4-d at 80 Hz
-    store = EpisodeStore.open_or_create(demo_path, image_shapes={c: (cfg.env.image_size, cfg.env.image_size)
-                                                                 for c in cfg.env.cameras},
-                                        state_dim=dims.state_dim, action_dim=dims.action_dim,
-                                        control_hz=dims.control_hz, aux_dim=sim_aux_dim() if aux else 0)
+    spec = env_spec(cfg)
+    store = EpisodeStore.open_or_create(demo_path, **StoreSchema.fields_for(spec, aux_dim=sim_aux_dim() if aux else 0))
     missing = cfg.bc.episodes - len(store)
 
     def make_env(tasks, num_envs, **kw):
@@ -77,8 +56,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
             summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
-                       dims.action_dim)
-    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim, dims=dims)
+                       spec.action_dim)
+    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec)
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds

@@ -2,7 +2,9 @@
 always lazily, so that `import acce` stays light and the roles stay placement- and simulator-agnostic."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
+
+from acce.types import EnvSpec
 
 SEED_SPLIT_STARTS = {"val": 1_000_000, "test": 1_050_000}
 """first seed of the validation and test ranges (sim.task.SEED_SPLITS; a test keeps them equal without importing sim
@@ -37,21 +39,13 @@ def sim_aux_dim() -> int:
     return AUX_DIM
 
 
-class EnvDims(NamedTuple):
-    state_dim: int
-    action_dim: int
-    control_hz: float
-    max_step_m: float
-    """end-effector motion of one unit action per control step (m)"""
-
-
-def env_dims(cfg) -> EnvDims:
-    """The observation/action sizes and control rate of cfg.env.tasks, read from one opened env per task (tabletop
-    tasks have a 7-d state at 10 Hz, Meta-World a 4-d one at 80 Hz; the vector env checks the tasks agree)."""
+def env_spec(cfg) -> EnvSpec:
+    """The env spec of cfg.env (widths, action representation and scale, control rate, cameras, image size), read
+    from one opened env: the tasks define it, and the vector env checks that the tasks of one run agree."""
     env = make_sim_env(cfg.env.tasks, 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
                        task_params=cfg.env.task_params, privileged_state=cfg.env.privileged_state)
     try:
-        return EnvDims(int(env.state_dim), int(env.action_dim), float(env.control_hz), float(env.max_step_m))
+        return env.env_spec
     finally:
         env.close()
 
@@ -105,7 +99,7 @@ def make_latency_model(cfg, seed: int):
     d = cfg.delay
     if d.model == "fixed" and d.fixed_steps == 0:
         return None
-    control_hz = env_dims(cfg).control_hz  # seconds -> control steps: 10 Hz tabletop, 80 Hz Meta-World
+    control_hz = env_spec(cfg).control_hz  # seconds -> control steps at the tasks' own rate
     if d.model == "measured":
         from acce.runtime.worker import MeasuredLatency
         return MeasuredLatency(control_hz=control_hz)
@@ -199,8 +193,8 @@ def check_world_model(model, cfg, *, state_dim: int | None = None, action_dim: i
 class _WMTrainerFactory:
     """Picklable: first real episode -> WorldModelTrainer (fresh from cfg.wm, or continuing a checkpoint)."""
 
-    def __init__(self, cfg, init_from: str):
-        self.cfg, self.init_from = cfg, init_from
+    def __init__(self, cfg, init_from: str, control_hz: float):
+        self.cfg, self.init_from, self.control_hz = cfg, init_from, control_hz
 
     def __call__(self, first):
         import torch
@@ -214,7 +208,7 @@ class _WMTrainerFactory:
             check_world_model(trainer.model, cfg, state_dim=state_dim, action_dim=action_dim)
             return trainer
         return WorldModelTrainer.create(cfg.wm, state_dim=state_dim, action_dim=action_dim, cameras=cfg.env.cameras,
-                                        control_hz=10.0, device=device)
+                                        control_hz=self.control_hz, device=device)
 
 
 def wm_trainer_factory(cfg, init_from: str | None = None):
@@ -224,7 +218,7 @@ def wm_trainer_factory(cfg, init_from: str | None = None):
     if path:
         from worldmodel.model import WorldModel
         check_world_model(WorldModel.load(path), cfg)
-    return _WMTrainerFactory(cfg, path)
+    return _WMTrainerFactory(cfg, path, env_spec(cfg).control_hz)
 
 
 class _ImaginedEnvFactory:

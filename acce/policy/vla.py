@@ -29,7 +29,7 @@ from acce.policy.inputs import DELAY_KEY, LANG_KEY, PREFIX_KEY, policy_inputs  #
 from acce.policy.language import LanguageEncoder, make_language_encoder
 from acce.policy.norm import NormStats
 from acce.policy.vision import VisionEncoder
-from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, EnvSpec
 
 
 
@@ -47,16 +47,30 @@ def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[st
     return "; ".join(parts)
 
 
+def derived_env_spec(state: Mapping[str, Any], image_size: int | None) -> EnvSpec | None:
+    """The env spec of a policy state saved before specs travelled with policies: widths and cameras from the
+    state, representation, rate and action scale from its normalization's action_repr (every checkpoint
+    `acce train` wrote has them), image size from the run's config. None when the state does not say enough (a
+    policy built by hand, without a control rate): such a policy still loads and acts, it just has no spec."""
+    repr_ = dict(state["norm"].get("action_repr") or {})
+    if image_size is None or not repr_.get("control_hz"):
+        return None
+    return EnvSpec(int(state["state_dim"]), int(state["action_dim"]), str(repr_.get("type") or "normalized"),
+                   float(repr_["control_hz"]), tuple(state.get("cameras", ("front",))), int(image_size),
+                   float(repr_.get("max_step_m", 0.0)))
+
+
 class VLAPolicy(nn.Module):
     """Images + instruction embedding + proprioception (+ committed prefix, delay) -> chunk mean, log-std, value."""
 
     def __init__(self, config: PolicyConfig, state_dim: int, action_dim: int, norm: NormStats | None,
                  cameras: Sequence[str] = ("front",), *, vision_config: dict[str, Any] | None = None,
-                 aux_dim: int = 0, privileged_dim: int = 0) -> None:
+                 aux_dim: int = 0, privileged_dim: int = 0, env_spec: EnvSpec | None = None) -> None:
         """`cameras`: names of the image/<camera> keys the policy reads. `vision_config`: the backbone's stored
         transformers config (checkpoints pass it so no pretrained folder is needed to rebuild the network).
         `aux_dim`: width of the perception auxiliary head (privileged object/goal positions, BC only; 0 = none).
-        `privileged_dim`: width of obs["aux"] the privileged critic reads (policy.critic=privileged)."""
+        `privileged_dim`: width of obs["aux"] the privileged critic reads (policy.critic=privileged).
+        `env_spec`: the env the policy is for (widths and cameras must agree); it travels with the policy_state."""
         super().__init__()
         if not isinstance(config, PolicyConfig):
             raise ValueError(f"VLAPolicy needs a PolicyConfig, got {type(config).__name__}")
@@ -78,6 +92,11 @@ class VLAPolicy(nn.Module):
                              "[-1, 1] (docs/design.md §3): map physical ranges in the env, not in the policy")
         if not cameras or len(set(cameras)) != len(cameras):
             raise ValueError(f"cameras must be a non-empty list of distinct names, got {list(cameras)}")
+        if env_spec is not None and (env_spec.state_dim, env_spec.action_dim, env_spec.cameras) != (
+                state_dim, action_dim, tuple(sorted(cameras))):
+            raise ValueError(f"the env spec has state {env_spec.state_dim} / action {env_spec.action_dim} / cameras "
+                             f"{list(env_spec.cameras)}, the policy {state_dim} / {action_dim} / {sorted(cameras)}")
+        self.env_spec = env_spec
         self.config = config
         self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
         self.aux_dim, self.privileged_dim = int(aux_dim), int(privileged_dim)
@@ -306,12 +325,14 @@ class VLAPolicy(nn.Module):
         return {"config": dataclasses.asdict(self.config), "state_dim": self.state_dim, "action_dim": self.action_dim,
                 "aux_dim": self.aux_dim, "privileged_dim": self.privileged_dim,
                 "cameras": list(self.cameras), "norm": self.norm.to_dict(),
+                "env_spec": self.env_spec.to_dict() if self.env_spec is not None else None,
                 "vision_config": self.vision.backbone_config(),
                 "state_dict": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "VLAPolicy":
-        """Rebuild a policy from policy_state(); ValueError when norm stats are missing/malformed or shapes differ."""
+    def from_state(cls, state: Mapping[str, Any], image_size: int | None = None) -> "VLAPolicy":
+        """Rebuild a policy from policy_state(); ValueError when norm stats are missing/malformed or shapes differ.
+        image_size: the run's env.image_size, from which the env spec of a state saved without one is derived."""
         if not isinstance(state, Mapping):
             raise ValueError(f"policy state must be a dict from VLAPolicy.policy_state(), got {type(state).__name__}")
         if state.get("norm") is None:
@@ -331,7 +352,9 @@ class VLAPolicy(nn.Module):
         with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
             policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
                          tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"),
-                         aux_dim=int(state.get("aux_dim", 0)), privileged_dim=int(state.get("privileged_dim", 0)))
+                         aux_dim=int(state.get("aux_dim", 0)), privileged_dim=int(state.get("privileged_dim", 0)),
+                         env_spec=EnvSpec.from_dict(state["env_spec"]) if state.get("env_spec") is not None
+                         else derived_env_spec(state, image_size))
         problem = _state_dict_mismatch(policy.state_dict(), state["state_dict"])
         if problem:
             raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")

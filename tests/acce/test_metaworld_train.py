@@ -7,7 +7,7 @@ import pytest
 
 from acce.config import load
 from acce.configlib import ConfigError
-from acce.wiring import env_dims, fit_aux
+from acce.wiring import env_spec, fit_aux
 
 MW = "metaworld/reach-v3"
 
@@ -42,9 +42,9 @@ def test_policy_takes_the_env_sizes():
 
     from acce.train import build_policy
     cfg = fit_aux(load("configs/debug.yaml", [f"env.tasks=[{MW}]"]), verbose=False)
-    dims = env_dims(cfg)
-    assert dims == (4, 4, 80.0, 0.01)
-    policy = build_policy(cfg, np.zeros((3, 4), np.float32), dims=dims)
+    spec = env_spec(cfg)
+    assert (spec.state_dim, spec.action_dim, spec.control_hz, spec.max_step_m) == (4, 4, 80.0, 0.01)
+    policy = build_policy(cfg, np.zeros((3, 4), np.float32), spec=spec)
     assert (policy.state_dim, policy.action_dim, policy.aux_dim) == (4, 4, 0)
     assert policy.norm.action_repr["control_hz"] == 80.0 and policy.norm.action_repr["max_step_m"] == 0.01
 
