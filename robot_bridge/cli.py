@@ -108,17 +108,18 @@ def _load_mapping(path: str) -> dict[str, Any]:
 
 
 def make_robot(args, meta: dict[str, Any]):
-    """The robot named by --robot, shaped by the policy's metadata (SimRobot uses the trained task settings)."""
+    """The robot named by --robot, shaped by the policy's metadata (its env spec; SimRobot also uses the trained
+    task settings). A server whose metadata has no env spec is refused here, before any robot is built."""
+    from robot_bridge.protocol import served_env_spec
+    spec = served_env_spec(meta)
     if args.robot == "sim":
         from robot_bridge.sim_robot import SimRobot
         task = args.task or (meta.get("tasks") or ["reach"])[0]
-        return SimRobot(task, image_size=int(meta["image_size"]), cameras=tuple(meta["cameras"]),
-                        task_params=dict(meta.get("task_params", {})).get(task, {}),
-                        control_hz=float(meta.get("control_hz", 10.0)))
+        return SimRobot(task, image_size=spec.image_size, cameras=spec.cameras,
+                        task_params=dict(meta.get("task_params", {})).get(task, {}), control_hz=spec.control_hz)
     if args.robot == "mock":
         from robot_bridge.robot import MockRobot
-        return MockRobot(state_dim=int(meta["state_dim"]), action_dim=int(meta["action_dim"]),
-                         image_size=int(meta["image_size"]), camera=meta["cameras"][0])
+        return MockRobot.from_spec(spec)
     if not args.robot_config:
         raise ValueError("--robot lerobot needs --robot-config FILE (robot, io and safety sections; docs/robot.md)")
     from robot_bridge.lerobot_robot import LeRobotRobot
@@ -148,7 +149,8 @@ def cmd_robot(args) -> int:
                 fields = _load_mapping(args.safety)
             elif hasattr(robot, "default_safety"):
                 import dataclasses
-                fields = dataclasses.asdict(robot.default_safety(dict(meta.get("action_repr", {}))))
+                from robot_bridge.protocol import served_env_spec
+                fields = dataclasses.asdict(robot.default_safety(served_env_spec(meta).action_repr_dict()))
             else:
                 fields = {}
             if args.timeout_s is not None:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from acce.types import EnvSpec
 from robot_bridge.protocol import DELAY_KEY, PROTOCOL, ObsSpec
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,25 @@ def checkpoint_file(path: str | os.PathLike) -> Path:
 
 
 def _identity(data: Mapping[str, Any]) -> dict[str, Any]:
-    """What must not change across a hot reload: architecture, dimensions, cameras, normalization."""
+    """What must not change across a hot reload: architecture, dimensions, cameras, normalization (the env spec is
+    compared on its own, so that a refusal can name the fields that differ)."""
     p = data["learner"]["policy"]
     return {k: p.get(k) for k in ("config", "state_dim", "action_dim", "cameras", "norm")}
+
+
+def _env_spec(data: Mapping[str, Any]) -> EnvSpec:
+    """The env spec a checkpoint's policy was trained for: saved with the policy, or derived (older checkpoints:
+    widths, cameras and the action_repr's rate and scale, the run config's image size)."""
+    from acce.checkpoint import checkpoint_image_size
+    from acce.policy.vla import derived_env_spec
+    p = data["learner"]["policy"]
+    spec = EnvSpec.from_dict(p["env_spec"]) if p.get("env_spec") is not None else derived_env_spec(
+        p, checkpoint_image_size(data))
+    if spec is None:
+        raise ValueError("the checkpoint has no env spec and too little to derive one (its normalization's "
+                         "action_repr has no control_hz, or it has no config): a robot would not know the control "
+                         "rate; save it with acce train (or VLAPolicy(..., env_spec=...))")
+    return spec
 
 
 class PolicyHost:
@@ -60,20 +77,23 @@ class PolicyHost:
         self.set_active_clients(1)
         self._trainable_keys = tuple(policy.trainable_state_dict())
         self._identity = _identity(data)
+        self.env_spec = _env_spec(data)
+        """the env the served policy was trained for; advertised to every client (metadata "env_spec")"""
         self._stage(data)
         cfg = data.get("config", {})
         env, rollout = cfg.get("env", {}), cfg.get("rollout", {})
-        self.spec = ObsSpec(cameras=tuple(policy.cameras), image_size=int(env.get("image_size", 64)),
-                            state_dim=policy.state_dim, action_dim=policy.action_dim,
-                            max_delay_steps=policy.config.max_delay_steps)
+        spec = self.env_spec
+        self.spec = ObsSpec(cameras=spec.cameras, image_size=spec.image_size, state_dim=spec.state_dim,
+                            action_dim=spec.action_dim, max_delay_steps=policy.config.max_delay_steps)
         self.chunk_len = policy.config.chunk_len
         self.action_repr = dict(policy.norm.action_repr)
+        # the flat keys repeat the spec for clients that predate it (openpi's, older acce robots)
         self._static_meta = {
             "protocol": PROTOCOL, "policy": "acce.VLAPolicy", "chunk_len": self.chunk_len,
-            "action_dim": policy.action_dim, "state_dim": policy.state_dim, "cameras": list(policy.cameras),
-            "image_size": self.spec.image_size, "max_delay_steps": self.spec.max_delay_steps,
+            "env_spec": spec.to_dict(), "action_dim": spec.action_dim, "state_dim": spec.state_dim,
+            "cameras": list(spec.cameras), "image_size": spec.image_size, "max_delay_steps": self.spec.max_delay_steps,
             "execution_horizon": int(rollout.get("execution_horizon", max(1, self.chunk_len // 2))),
-            "control_hz": float(self.action_repr.get("control_hz", 10.0)), "action_repr": self.action_repr,
+            "control_hz": spec.control_hz, "action_repr": self.action_repr,
             "tasks": list(env.get("tasks", [])), "task_params": dict(env.get("task_params", {})),
             "deterministic": deterministic, "request_keys": list(self.spec.keys)}
         self.stats = {"reloads": 0, "reload_refused": 0, "reload_errors": 0, "batch_retries": 0}
@@ -164,6 +184,11 @@ class PolicyHost:
                 self.stats["reload_refused"] += 1
                 return (f"refused {self.path} (version {version}): architecture or normalization statistics differ "
                         "from the served checkpoint; restart acce serve to serve it")
+            try:
+                self.env_spec.check_compatible(_env_spec(data), "served", "new")
+            except ValueError as err:
+                self.stats["reload_refused"] += 1
+                return f"refused {self.path} (version {version}): {err}; restart acce serve to serve it"
             if version <= served:
                 return f"ignored {self.path}: version {version} is not newer than the served {served}"
             self._stage(data)

@@ -5,7 +5,9 @@ Frames are msgpack with openpi-client's numpy convention (`openpi_client.msgpack
 {b"__npgeneric__": True, b"data": value, b"dtype": dtype.str}. So the unmodified `WebsocketClientPolicy` talks to
 our server and our client talks to openpi servers.
 
-    server -> client, once on connect:  metadata map (see `PolicyHost.metadata`)
+    server -> client, once on connect:  metadata map (see `PolicyHost.metadata`); "env_spec" is the policy's
+                                         acce.types.EnvSpec as a dict (widths, action representation, control rate,
+                                         cameras, image size), which the robot runtime requires
     client -> server, per request:       one UNBATCHED observation (openpi style)
         "image/<camera>"  uint8 (H, W, 3), H = W = metadata["image_size"] (resize on the client)
         "state"           float (S,) raw proprioception, finite
@@ -27,7 +29,7 @@ from typing import Any, Mapping
 import msgpack
 import numpy as np
 
-from acce.types import IMAGE_PREFIX, INSTRUCTION_KEY, STATE_KEY
+from acce.types import IMAGE_PREFIX, INSTRUCTION_KEY, STATE_KEY, EnvSpec
 
 PROTOCOL = "openpi-websocket-msgpack-numpy"
 """what metadata["protocol"] says, so a client can tell it is talking to the protocol it expects"""
@@ -41,6 +43,16 @@ _ALLOWED_KINDS = "biuf"
 
 class RequestError(ValueError):
     """A malformed request: the client gets this message as a text frame; the connection stays open."""
+
+
+def served_env_spec(metadata: Mapping[str, Any]) -> EnvSpec:
+    """The env spec a policy server advertises; ValueError (one line) when its metadata has none, because a robot
+    must not guess the control rate or the widths of the policy it runs."""
+    if not isinstance(metadata.get("env_spec"), Mapping):
+        raise ValueError("the policy server's metadata has no env_spec (an acce serve older than the env spec, or "
+                         "not an acce server): the robot cannot know the policy's control rate and widths; "
+                         "serve the checkpoint with this version of acce serve")
+    return EnvSpec.from_dict(metadata["env_spec"])
 
 
 # --- msgpack-numpy (openpi_client.msgpack_numpy conventions) -----------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import IMAGE_PREFIX, STATE_KEY, Episode
+from acce.types import IMAGE_PREFIX, STATE_KEY, EnvSpec, Episode
 
 MAX_EVENTS_PER_EPISODE = 2000
 """events kept per episode line; the rest are counted in "events_omitted" (counts stay exact)"""
@@ -108,14 +108,14 @@ def _json_default(obj: Any) -> Any:
 class RunRecorder:
     """The episode store, the episode log and the latency file of one `--out` directory."""
 
-    def __init__(self, out_dir: str | os.PathLike, *, image_shapes: dict[str, tuple[int, int]], state_dim: int,
-                 action_dim: int, control_hz: float):
+    def __init__(self, out_dir: str | os.PathLike, spec: EnvSpec):
+        """spec: the policy's env spec; the episode store's schema is built from it."""
         from acce.store.episodes import EpisodeStore
+        from acce.store.schema import StoreSchema
 
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.store = EpisodeStore.open_or_create(self.out_dir / "episodes.zarr", image_shapes=image_shapes,
-                                                 state_dim=state_dim, action_dim=action_dim, control_hz=control_hz)
+        self.store = EpisodeStore.open_or_create(self.out_dir / "episodes.zarr", **StoreSchema.fields_for(spec))
         self.log_path = self.out_dir / "episodes.jsonl"
         self.latency_path = self.out_dir / "latency.json"
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from acce.types import IMAGE_PREFIX, STATE_KEY
+from acce.types import IMAGE_PREFIX, STATE_KEY, EnvSpec
 
 ACTION_MODES = ("direct", "absolute", "delta")
 
@@ -167,7 +167,7 @@ class MockRobot:
     name = "mock"
     episode_source = "real"
 
-    def __init__(self, *, state_dim: int = 7, action_dim: int = 4, image_size: int = 32, camera: str = "front",
+    def __init__(self, *, state_dim: int, action_dim: int, image_size: int = 32, camera: str = "front",
                  seed: int = 0):
         self.state_dim, self.action_dim, self.image_size, self.camera = state_dim, action_dim, image_size, camera
         self._rng = np.random.default_rng(seed)
@@ -175,6 +175,12 @@ class MockRobot:
         self.state = np.zeros(state_dim, np.float64)
         self.sent: list[tuple[float, dict[str, float]]] = []
         """(monotonic time, action dict) of every send_action"""
+
+    @classmethod
+    def from_spec(cls, spec: EnvSpec, seed: int = 0) -> "MockRobot":
+        """A mock with the widths and image size of a policy's env spec, showing its first camera."""
+        return cls(state_dim=spec.state_dim, action_dim=spec.action_dim, image_size=spec.image_size,
+                   camera=spec.cameras[0], seed=seed)
 
     @property
     def observation_features(self) -> dict[str, Any]:

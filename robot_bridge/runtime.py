@@ -21,6 +21,7 @@ import numpy as np
 from acce.stats import wilson_interval
 from acce.types import INSTRUCTION_KEY, STATE_KEY
 from robot_bridge.executor import ChunkExecutor, ThreadRequester
+from robot_bridge.protocol import served_env_spec
 from robot_bridge.recording import EpisodeBuilder, RunRecorder, latency_summary, write_latency_file
 from robot_bridge.robot import RobotIO
 from robot_bridge.safety import SafetyConfig, SafetyEnvelope
@@ -83,25 +84,27 @@ class RobotRuntime:
         self.robot, self.policy, self.config, self.clock = robot, policy, config, clock
         meta = policy.metadata
         self.meta = meta
-        self.H, self.A, self.S = int(meta["chunk_len"]), int(meta["action_dim"]), int(meta["state_dim"])
+        self.env_spec = spec = served_env_spec(meta)
+        """the env the policy was trained for: widths, action representation, control rate, cameras, image size"""
+        self.H, self.A, self.S = int(meta["chunk_len"]), spec.action_dim, spec.state_dim
         self.D = int(meta["max_delay_steps"])
         self.s = int(config.execution_horizon or meta.get("execution_horizon") or max(1, self.H // 2))
-        self.control_hz = float(meta.get("control_hz") or 10.0)
+        self.control_hz = spec.control_hz
         if config.control_hz and abs(config.control_hz - self.control_hz) > 1e-9:
             raise ValueError(f"control_hz={config.control_hz} but the policy was trained at {self.control_hz} Hz; "
                              "its actions are per-step commands at that rate: drop --control-hz")
         if io is None and not hasattr(robot, "default_io"):
             raise ValueError(f"robot {getattr(robot, 'name', robot)!r} has no default mapping: pass io=RobotIO(...)")
-        self.io = io or robot.default_io(image_size=int(meta["image_size"]))
+        self.io = io or robot.default_io(image_size=spec.image_size)
         self._check_compatible()
         self.episodic = hasattr(robot, "reset_episode") and hasattr(robot, "task_status")
         if not self.episodic and not config.max_steps:
             raise ValueError(f"robot {robot.name!r} has no episode limit of its own: pass --max-steps")
         if not self.episodic and not config.instruction:
             raise ValueError(f"robot {robot.name!r} does not provide an instruction: pass --instruction")
-        repr_ = dict(meta.get("action_repr", {}))
         if safety is None:
-            safety = robot.default_safety(repr_) if hasattr(robot, "default_safety") else SafetyConfig()
+            safety = (robot.default_safety(spec.action_repr_dict()) if hasattr(robot, "default_safety")
+                      else SafetyConfig())
         if safety.timeout_s <= self.s / self.control_hz:
             raise ValueError(f"safety timeout_s={safety.timeout_s} must exceed the request interval "
                              f"s / control_hz = {self.s / self.control_hz:.3f} s, or the watchdog fires every chunk")
@@ -111,8 +114,8 @@ class RobotRuntime:
         self.overruns = 0
 
     def _check_compatible(self) -> None:
-        meta, io = self.meta, self.io
-        want = dict(meta.get("action_repr", {})).get("type", "")
+        io, spec = self.io, self.env_spec
+        want = spec.action_repr
         problems = []
         if io.action_repr != "any" and io.action_repr != want:
             problems.append(f"the robot mapping implements action representation {io.action_repr!r}, the policy "
@@ -120,8 +123,8 @@ class RobotRuntime:
         if io.action_dim != self.A or io.state_dim != self.S:
             problems.append(f"mapping gives state {io.state_dim} / action {io.action_dim} dims, the policy has "
                             f"{self.S} / {self.A}")
-        if sorted(io.cameras) != sorted(meta["cameras"]):
-            problems.append(f"mapping cameras {sorted(io.cameras)} != the policy's {sorted(meta['cameras'])}")
+        if sorted(io.cameras) != list(spec.cameras):
+            problems.append(f"mapping cameras {sorted(io.cameras)} != the policy's {list(spec.cameras)}")
         if self.s + self.D > self.H:
             problems.append(f"chunk_len H={self.H} reported by the server must cover execution_horizon + "
                             f"max_delay = {self.s} + {self.D}")
@@ -139,9 +142,7 @@ class RobotRuntime:
         if not self.robot.is_connected:
             self.robot.connect()
         if cfg.out_dir:
-            size = int(self.meta["image_size"])
-            self.recorder = RunRecorder(cfg.out_dir, image_shapes={c: (size, size) for c in self.io.cameras},
-                                        state_dim=self.S, action_dim=self.A, control_hz=self.control_hz)
+            self.recorder = RunRecorder(cfg.out_dir, self.env_spec)
         requester = ThreadRequester(self.policy, clock=self.clock)
         self.executor = ChunkExecutor(requester, chunk_len=self.H, exec_horizon=self.s, max_delay=self.D,
                                       action_dim=self.A, control_hz=self.control_hz,

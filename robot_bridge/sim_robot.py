@@ -65,7 +65,11 @@ class SimRobot:
 
     @property
     def control_hz(self) -> float:
-        return float(self.env.control_hz if self.env is not None else self._control_hz or 10.0)
+        """the task's own rate (its config, with the trained task_params applied)"""
+        if self.env is not None:
+            return float(self.env.control_hz)
+        from sim.vector_env import task_config_from_params
+        return float(task_config_from_params(self.task, self.task_params).control_hz)
 
     # --- connection ------------------------------------------------------------------------------------------
     @property
@@ -195,4 +199,9 @@ class SimRobot:
         from sim.scene import WORKSPACE_HIGH, WORKSPACE_LOW
         return SafetyConfig(hold_keep_dims=(GRIPPER_DIM,), workspace_low=tuple(float(v) for v in WORKSPACE_LOW),
                             workspace_high=tuple(float(v) for v in WORKSPACE_HIGH),
-                            max_step_m=float(action_repr.get("max_step_m", 0.03)))
+                            max_step_m=float(action_repr.get("max_step_m") or self._task_max_step_m()))
+
+    def _task_max_step_m(self) -> float:
+        """the task's own action scale, for a policy whose action description does not state it"""
+        from sim.vector_env import task_config_from_params
+        return float(task_config_from_params(self.task, self.task_params).max_step_m)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from acce.types import EnvSpec
 from robot_bridge.client import RemotePolicy
 from robot_bridge.robot import MockRobot
 from robot_bridge.runtime import RobotRuntime, RuntimeConfig
@@ -78,7 +79,7 @@ def test_watchdog_stops_the_robot_when_the_server_is_killed(checkpoint, tmp_path
                 assert time.monotonic() < deadline, "server did not come up"
                 time.sleep(0.2)
         policy = RemotePolicy(f"ws://127.0.0.1:{port}", request_timeout_s=2.0, open_timeout_s=1.0)
-        robot = MockRobot(image_size=32)
+        robot = MockRobot.from_spec(EnvSpec.from_dict(policy.metadata["env_spec"]))
         safety = SafetyConfig(timeout_s=0.6)
         runtime = RobotRuntime(robot, policy, RuntimeConfig(max_steps=200, instruction="touch the red cube",
                                                             abort_after_s=1.0, out_dir=str(tmp_path)), safety=safety)

@@ -121,7 +121,9 @@ def test_lerobot_arm_under_the_runtime_is_only_commanded_when_a_chunk_runs(tmp_p
     class Policy:
         metadata = {"chunk_len": 8, "action_dim": 3, "state_dim": 3, "max_delay_steps": 2, "image_size": 8,
                     "cameras": ["front"], "execution_horizon": 4, "control_hz": 50.0, "policy_version": 2,
-                    "action_repr": {"type": "joint_pos_abs", "control_hz": 50.0}}
+                    "action_repr": {"type": "joint_pos_abs", "control_hz": 50.0},
+                    "env_spec": {"state_dim": 3, "action_dim": 3, "action_repr": "joint_pos_abs", "control_hz": 50.0,
+                                 "cameras": ["front"], "image_size": 8, "max_step_m": 0.0}}
 
         def infer(self, obs):
             time.sleep(0.05)  # ~3 control steps at 50 Hz

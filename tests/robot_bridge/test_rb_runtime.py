@@ -7,15 +7,27 @@ import time
 import numpy as np
 import pytest
 
+from acce.types import EnvSpec
 from robot_bridge.recording import write_latency_file
 from robot_bridge.robot import MockRobot
 from robot_bridge.runtime import RobotRuntime, RuntimeConfig
 from robot_bridge.safety import SafetyConfig
 
 HZ = 50.0
-META = {"chunk_len": 8, "action_dim": 4, "state_dim": 7, "max_delay_steps": 4, "image_size": 8, "cameras": ["front"],
-        "execution_horizon": 4, "control_hz": HZ, "policy_version": 1,
-        "action_repr": {"type": "delta_xyz_gripper", "dim": 4, "max_step_m": 0.03, "control_hz": HZ}}
+
+
+def with_spec(meta):
+    """Metadata as acce serve sends it: the flat keys plus the env spec they describe."""
+    repr_ = meta["action_repr"]
+    spec = EnvSpec(meta["state_dim"], meta["action_dim"], repr_["type"], meta["control_hz"], tuple(meta["cameras"]),
+                   meta["image_size"], repr_.get("max_step_m", 0.0))
+    return {**meta, "env_spec": spec.to_dict()}
+
+
+META = with_spec({"chunk_len": 8, "action_dim": 4, "state_dim": 7, "max_delay_steps": 4, "image_size": 8,
+                  "cameras": ["front"], "execution_horizon": 4, "control_hz": HZ, "policy_version": 1,
+                  "action_repr": {"type": "delta_xyz_gripper", "dim": 4, "max_step_m": 0.03, "control_hz": HZ}})
+SPEC = EnvSpec.from_dict(META["env_spec"])
 CHUNK = np.tile(np.array([[0.1, -0.1, 0.05, 1.0]], np.float32), (8, 1))
 
 
@@ -42,7 +54,7 @@ def test_mock_run_records_episodes_and_latency(tmp_path):
     from acce.store.episodes import EpisodeStore
     from sim.latency import EmpiricalLatency
 
-    robot, policy = MockRobot(image_size=8), FakePolicy(latency_s=0.03)
+    robot, policy = MockRobot.from_spec(SPEC), FakePolicy(latency_s=0.03)
     cfg = RuntimeConfig(episodes=2, max_steps=25, instruction="wave", out_dir=str(tmp_path))
     with robot:
         summary = RobotRuntime(robot, policy, cfg).run()
@@ -80,7 +92,7 @@ def test_latency_file_round_trip(tmp_path):
 
 
 def test_watchdog_holds_then_stops_when_the_policy_hangs():
-    robot, policy = MockRobot(image_size=8), FakePolicy(latency_s=0.01, hang_after=3)
+    robot, policy = MockRobot.from_spec(SPEC), FakePolicy(latency_s=0.01, hang_after=3)
     safety = SafetyConfig(timeout_s=0.25)
     cfg = RuntimeConfig(max_steps=500, instruction="wave", abort_after_s=0.4)
     try:
@@ -101,7 +113,7 @@ def test_watchdog_holds_then_stops_when_the_policy_hangs():
 
 
 def test_estop_latches_and_ends_the_run():
-    robot, policy = MockRobot(image_size=8), FakePolicy(latency_s=0.01)
+    robot, policy = MockRobot.from_spec(SPEC), FakePolicy(latency_s=0.01)
     runtime = RobotRuntime(robot, policy, RuntimeConfig(episodes=3, max_steps=200, instruction="wave"))
     threading.Timer(0.3, runtime.estop, args=("test button",)).start()
     with robot:
@@ -118,13 +130,13 @@ def test_estop_latches_and_ends_the_run():
 def test_policy_robot_mismatch_is_refused_before_moving(change, match):
     from robot_bridge.sim_robot import SimRobot
     policy = FakePolicy()
-    policy.metadata = {**META, "control_hz": 10.0, **change}
+    policy.metadata = with_spec({**META, "control_hz": 10.0, **change})
     with pytest.raises(ValueError, match=match):
         RobotRuntime(SimRobot("reach", image_size=8), policy, RuntimeConfig())
 
 
 def test_runtime_config_errors_name_the_fix():
-    robot = MockRobot(image_size=8)
+    robot = MockRobot.from_spec(SPEC)
     with pytest.raises(ValueError, match="--max-steps"):
         RobotRuntime(robot, FakePolicy(), RuntimeConfig(instruction="x"))
     with pytest.raises(ValueError, match="--instruction"):
