@@ -66,7 +66,7 @@ def _bench_ppo_reference(cfg, args) -> dict:
 
 
 def _bench_serve(cfg, args) -> dict:
-    from robot_bridge.bench import run_serve_bench
+    from acce.bench.serve import run_serve_bench
     return run_serve_bench(args)
 
 

@@ -10,6 +10,9 @@
    Target: bridge success >= 90 % of in-sim success. Rehearsal runs in real time, so episodes per task are
    min(--episodes, 20); every rate comes with n and a 95 % Wilson interval.
 
+It lives beside the other benchmarks, not in robot_bridge, because its in-sim half is training machinery (the
+Evaluator); the bridge half only uses what `acce serve` and `acce robot` use.
+
 The checkpoint is `args.checkpoint` (or $ACCE_BENCH_CHECKPOINT). Without one, an untrained policy of `--config`
 (default: configs/default.yaml) is written and served: the latency numbers hold, the success comparison is then
 not meaningful (flagged as trained_checkpoint: false).
@@ -44,7 +47,7 @@ def _untrained_checkpoint(args, path: Path) -> Path:
     from acce.checkpoint import save_checkpoint
     from acce.config import load
     from acce.configlib import to_dict
-    from acce.train import build_policy
+    from acce.policy.build import build_policy
     from acce.wiring import make_sim_env
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"  # "the default policy" = the main job's
@@ -173,8 +176,9 @@ def _in_sim(checkpoint: Path, task: str, episodes: int, latency_file: Path) -> d
         cfg = load_config(Config, f.name, [])
     finally:
         Path(f.name).unlink()
-    server = InferenceServer(policy_from_checkpoint(data), deterministic=True)
-    latency = EmpiricalLatency.from_file(latency_file, control_hz=10.0, seed=0)
+    policy = policy_from_checkpoint(data)
+    server = InferenceServer(policy, deterministic=True)
+    latency = EmpiricalLatency.from_file(latency_file, control_hz=policy.env_spec.control_hz, seed=0)
     ev = make_evaluator(cfg, server, [task], episodes, latency=latency, num_envs=min(cfg.eval.num_envs, episodes))
     # the SimRobot rehearsal resets onto the validation seeds from 1,000,000 with train paraphrases: same cells here
     return ev.run("val", instructions=("train",))["per_task"][f"{task}/val/train_instr"]
