@@ -6,6 +6,8 @@ input o_t (no committed prefix, d = 0), target the next H demonstrated actions (
 """
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import numpy as np
@@ -91,25 +93,34 @@ class DemoDataset:
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
              metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0,
-             aux_coef: float = 0.0, desc: str = "bc warm start") -> list[float]:
-    """`steps` supervised steps at the optimizer's learning rate; lr_schedule='cosine' decays it to 0. With
-    aux_coef > 0 the policy's aux head also learns the data's privileged aux labels. Returns the action losses."""
-    import math
-
+             aux_coef: float = 0.0, desc: str = "bc warm start", max_wall_s: float = 0.0,
+             clock=time.perf_counter) -> list[float]:
+    """At most `steps` supervised steps at the optimizer's learning rate, and with max_wall_s > 0 at most that many
+    seconds: whichever budget binds first ends the phase, and lr_schedule='cosine' decays the rate to 0 over it (the
+    schedule's progress is the larger of the step and the time fraction), so a slower CPU gets a shorter but
+    complete schedule instead of being cut off at a high rate. With aux_coef > 0 the policy's aux head also learns
+    the data's privileged aux labels. Returns the action losses (one per step taken)."""
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     losses, aux_losses = [], []
-    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
     base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
-    for step in bar:
+    t0 = clock()
+    for step in range(steps):
+        done = step / steps
+        if max_wall_s > 0:
+            done = max(done, (clock() - t0) / max_wall_s)
+            if done >= 1.0:  # the time budget binds: the schedule has reached its end
+                break
         if lr_schedule == "cosine":
             for group, base in zip(learner.optimizer.param_groups, base_lrs):
-                group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * step / steps))
+                group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * done))
         inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
         loss, aux_loss = learner.bc_step(inputs, target, mask, augment_px, aux_coef)
         losses.append(loss)
         aux_losses.append(aux_loss)
+        bar.update(1)
         if step % 20 == 0:
             shown = {"loss": float(np.mean(losses[-20:]))}
             if aux_coef > 0:
@@ -117,4 +128,5 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
             bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
             if metrics is not None:
                 metrics.scalars({f"bc/{k}": v for k, v in shown.items()}, step_offset + step)
+    bar.close()
     return losses

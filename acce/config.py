@@ -156,7 +156,11 @@ class BCConfig:
     lr: float = 1e-3
     """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
     lr_schedule: str = "cosine"
-    """'cosine' (decay from bc.lr to 0 over bc.steps) or 'constant'"""
+    """'cosine' (decay from bc.lr to 0 over bc.steps, or over bc.max_wall_s when that binds first) or 'constant'"""
+    max_wall_s: float = 0.0
+    """wall-clock budget of all cloning phases together, in seconds (0 = none): cloning stops at bc.steps or here,
+    whichever comes first, split evenly over the phases like bc.steps (DAgger rollouts not counted); the cosine
+    schedule runs over whichever budget binds, so a slower CPU clones fewer steps but finishes in time"""
     augment_shift_px: int = 3
     """random-shift image augmentation of BC batches in pixels (0: off). Not used in RL: the importance ratio
     must compare log-probs of the same input, and the behavior policy saw unaugmented images"""
@@ -178,6 +182,8 @@ class BCConfig:
             raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
         if not self.aux_loss_coef >= 0:
             raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
+        if not self.max_wall_s >= 0:
+            raise ConfigError(f"bc.max_wall_s must be >= 0 seconds (0 = no time budget), got {self.max_wall_s}")
         if self.lr_schedule not in ("cosine", "constant"):
             raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
 

@@ -71,7 +71,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
         losses += bc_train(learner, data, steps, cfg.bc.batch_size, seed=cfg.run.seed + r, progress=progress,
                            metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule,
                            step_offset=len(losses), aux_coef=cfg.bc.aux_loss_coef,
-                           desc=f"cloning phase {r + 1}/{rounds + 1}")
+                           desc=f"cloning phase {r + 1}/{rounds + 1}", max_wall_s=cfg.bc.max_wall_s / (rounds + 1))
         if r < rounds:
             from acce.dagger import dagger_rollouts
             episodes, labels, success = dagger_rollouts(
@@ -82,5 +82,6 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success
     learner.reset_optimizer()
-    return learner, {"bc_steps": cfg.bc.steps, "bc_final_loss": float(np.mean(losses[-20:])) if losses else None,
+    return learner, {"bc_steps": len(losses), "bc_steps_budget": cfg.bc.steps, "bc_max_wall_s": cfg.bc.max_wall_s,
+                     "bc_final_loss": float(np.mean(losses[-20:])) if losses else None,
                      "bc_demo_steps": len(data), "bc_time_s": time.time() - t0, **info}

@@ -120,3 +120,41 @@ def test_bc_aux_loss_trains_the_aux_head_and_needs_targets():
     assert last < 0.2 * first  # 6 frames with distinct random images: the head can fit them
     with pytest.raises(ValueError, match="no 'aux' targets"):
         learner.bc_step({k: v for k, v in inputs.items() if k != "aux"}, target, mask, aux_coef=1.0)
+
+
+class _CountingLearner:
+    """Records the learning rate of every bc_step; the optimizer is a stand-in with one param group."""
+
+    def __init__(self, lr=1.0):
+        self.optimizer = type("Opt", (), {"param_groups": [{"lr": lr}]})()
+        self.lrs = []
+
+    def bc_step(self, inputs, target, mask, augment_px, aux_coef):
+        self.lrs.append(self.optimizer.param_groups[0]["lr"])
+        return 0.0, float("nan")
+
+
+def test_bc_time_budget_ends_the_phase_and_the_cosine_schedule_together():
+    from acce.bc import bc_train
+
+    data = DemoDataset([episode(4)], chunk_len=2, max_delay=0, action_dim=2)
+    # a fake clock that advances 1 s per reading: reading 0 starts the phase, reading k precedes step k-1
+    ticks = iter(range(100))
+    learner = _CountingLearner()
+    losses = bc_train(learner, data, steps=100, batch_size=2, progress=False, lr_schedule="cosine", max_wall_s=4.0,
+                      clock=lambda: float(next(ticks)))
+    # steps 0..2 start at 1, 2, 3 s (progress 1/4, 2/4, 3/4 of the time budget; the step fraction is smaller);
+    # at 4 s the budget is spent and the phase ends
+    assert len(losses) == 3
+    assert learner.lrs == pytest.approx([0.5 * (1 + np.cos(np.pi * f)) for f in (0.25, 0.5, 0.75)])
+    # without a time budget the step budget binds and the schedule is the usual one over steps
+    learner = _CountingLearner()
+    assert len(bc_train(learner, data, steps=4, batch_size=2, progress=False, lr_schedule="cosine")) == 4
+    assert learner.lrs == pytest.approx([0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(4)])
+
+
+def test_bc_time_budget_is_checked_in_the_config():
+    from acce.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="bc.max_wall_s"):
+        load(None, ["bc.max_wall_s=-1"])
