@@ -50,8 +50,9 @@ class Prediction(NamedTuple):
 
 
 class WorldModel(nn.Module):
-    def __init__(self, cfg: WMConfig, *, state_dim: int, action_dim: int, cameras: tuple[str, ...] = ("front",),
-                 control_hz: float = 10.0):
+    def __init__(self, cfg: WMConfig, *, state_dim: int, action_dim: int, control_hz: float,
+                 cameras: tuple[str, ...] = ("front",)):
+        """control_hz: the rate of the episodes it learns from (their env spec's); imagined episodes run at it."""
         super().__init__()
         self.cfg, self.state_dim, self.action_dim = cfg, int(state_dim), int(action_dim)
         self.cameras, self.control_hz = tuple(cameras), float(control_hz)

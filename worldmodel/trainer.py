@@ -38,8 +38,8 @@ class WorldModelTrainer:
         self.episodes_added = 0
 
     @classmethod
-    def create(cls, cfg: WMConfig, *, state_dim: int, action_dim: int, cameras: Sequence[str] = ("front",),
-               control_hz: float = 10.0, **kw: Any) -> WorldModelTrainer:
+    def create(cls, cfg: WMConfig, *, state_dim: int, action_dim: int, control_hz: float,
+               cameras: Sequence[str] = ("front",), **kw: Any) -> WorldModelTrainer:
         """A fresh model initialized from cfg.seed (normalization is fitted from the first episodes added)."""
         with torch.random.fork_rng():  # seeded init without moving the caller's global RNG
             torch.manual_seed(cfg.seed)

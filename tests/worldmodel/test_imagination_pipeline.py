@@ -73,7 +73,7 @@ def _role(**icfg):
 
     def make_trainer(first):
         made.append(first.episode_id)
-        return WorldModelTrainer.create(tiny_cfg(), state_dim=7, action_dim=4)
+        return WorldModelTrainer.create(tiny_cfg(), state_dim=7, action_dim=4, control_hz=10.0)
     return WMTrainerRole(make_trainer, cfg.imagination), made
 
 

@@ -85,7 +85,7 @@ def test_heads_are_deterministic_under_manual_seed():
 
 def test_missing_normalization_is_an_error(tmp_path):
     torch.manual_seed(0)
-    model = WorldModel(tiny_cfg(), state_dim=7, action_dim=4)
+    model = WorldModel(tiny_cfg(), state_dim=7, action_dim=4, control_hz=10.0)
     with pytest.raises(RuntimeError, match="normalization"):
         model.encode(_obs())
     with pytest.raises(RuntimeError, match="normalization"):

@@ -7,7 +7,7 @@ from worldmodel.trainer import WorldModelTrainer
 
 
 def _trainer(**kw) -> WorldModelTrainer:
-    return WorldModelTrainer.create(tiny_cfg(**kw), state_dim=7, action_dim=4)
+    return WorldModelTrainer.create(tiny_cfg(**kw), state_dim=7, action_dim=4, control_hz=10.0)
 
 
 def test_trainer_needs_real_episodes_first():

@@ -21,7 +21,7 @@ def tiny_cfg(**overrides) -> WMConfig:
 
 def tiny_model(seed: int = 0, **overrides) -> WorldModel:
     torch.manual_seed(seed)
-    model = WorldModel(tiny_cfg(**overrides), state_dim=7, action_dim=4)
+    model = WorldModel(tiny_cfg(**overrides), state_dim=7, action_dim=4, control_hz=10.0)
     rng = np.random.default_rng(seed)
     model.fit_normalization(rng.normal(size=(64, 7)), rng.normal(size=64))
     return model.eval()
