@@ -190,13 +190,13 @@ class Learner:
 
     @torch.no_grad()
     def _targets(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
-        cfg, b, t = self.cfg, data["B"], data["T"]
+        cfg, b, t, dev = self.cfg, data["B"], data["T"], self.policy.device
         self.policy.eval()
-        mask = torch.as_tensor(data["mask"])
+        mask = torch.as_tensor(data["mask"], device=dev)
         inputs = self.policy.with_lang(data["inputs"])
         feats = self.policy.features(inputs)  # (cached for every minibatch when only the heads train)
         mean, log_std, values = self.policy.heads(feats)
-        logp_prox = self.policy.log_prob(mean, log_std, torch.as_tensor(data["chunk"]), mask)
+        logp_prox = self.policy.log_prob(mean, log_std, torch.as_tensor(data["chunk"], device=dev), mask)
         cached = {}
         if self.cfg.train_scope == "residual":
             cached["feats"] = feats
@@ -205,15 +205,16 @@ class Learner:
         _, _, boot_values = self.policy(self.policy.with_lang(data["boot"]))
         values = values.view(b, t)
         if not cfg.recompute_values:
-            values = torch.as_tensor(data["behavior_value"])
+            values = torch.as_tensor(data["behavior_value"], device=dev)
         mu, sigma = self.value_stats()  # the critic predicts standardized returns (identity when off)
         values, boot_values = values * sigma + mu, boot_values * sigma + mu
         following = torch.cat([values[:, 1:], values[:, -1:]], 1)
-        ni = torch.as_tensor(data["next_index"])
+        ni = torch.as_tensor(data["next_index"], device=dev)
         next_values = torch.where(ni >= 0, boot_values[ni.clamp(min=0)], following)
-        rewards, discounts = torch.as_tensor(data["reward"]), torch.as_tensor(data["discount"])
-        ends = torch.as_tensor(data["episode_end"])
-        behavior_logp = torch.as_tensor(data["behavior_logp"])
+        rewards = torch.as_tensor(data["reward"], device=dev)
+        discounts = torch.as_tensor(data["discount"], device=dev)
+        ends = torch.as_tensor(data["episode_end"], device=dev)
+        behavior_logp = torch.as_tensor(data["behavior_logp"], device=dev)
         if cfg.advantage == "gae":
             adv, returns = gae(rewards, discounts, values, next_values, ends, cfg.lam)
         else:
@@ -260,7 +261,8 @@ class Learner:
         if cfg.normalize_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         n = adv.numel()
-        chunk, mask = torch.as_tensor(data["chunk"]), torch.as_tensor(data["mask"])
+        dev = self.policy.device
+        chunk, mask = torch.as_tensor(data["chunk"], device=dev), torch.as_tensor(data["mask"], device=dev)
         pg_mask = mask.any(1)
         self.policy.train()
         sums: dict[str, float] = {}
@@ -268,7 +270,7 @@ class Learner:
         for _ in range(cfg.epochs):
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
-                it = torch.as_tensor(idx)
+                it = torch.as_tensor(idx, device=dev)
                 if "feats" in tg:  # train_scope=residual: trunk features from the no-grad pass, heads only
                     mean, log_std, values = self.policy.heads({k: None if v is None else v[it]
                                                                for k, v in tg["feats"].items()})
@@ -336,8 +338,9 @@ class Learner:
             raise ValueError("bc aux_coef > 0 but the batch has no 'aux' targets; record the demos with aux labels")
         out = self.policy(self.policy.with_lang(inputs), return_aux=use_aux)
         mean = out[0]
-        m = torch.as_tensor(mask)[..., None].float()
-        loss = (((mean - torch.as_tensor(target)) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)
+        m = torch.as_tensor(mask, device=mean.device)[..., None].float()
+        target = torch.as_tensor(target, device=mean.device)
+        loss = (((mean - target) ** 2) * m).sum() / (m.sum() * mean.shape[-1]).clamp(min=1.0)
         aux_loss = ((out[3] - torch.as_tensor(inputs[AUX_KEY], device=mean.device)) ** 2).mean() if use_aux else None
         self.optimizer.zero_grad(set_to_none=True)
         (loss if aux_loss is None else loss + aux_coef * aux_loss).backward()
