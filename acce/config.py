@@ -275,6 +275,11 @@ class TrainConfig:
     final_eval: bool = True
     """evaluate on test seeds at the end, and version 0 first (eval.test_at_start); benchmarks that only measure
     throughput turn it off"""
+    select_on_val: bool = False
+    """early stopping on validation seeds: the final test evaluation, summary.json's `test` block and
+    checkpoints/selected.pt use the version with the best mean validation success among the periodic evaluations
+    (version 0 included, the later one on ties) instead of the last version; test seeds never take part in the
+    choice. Needs eval.every_versions > 0. checkpoints/latest.pt stays the last version (resume continues from it)"""
     checkpoint_every_versions: int = 200
     """write an atomic checkpoint this often (and always at the end)"""
     log_every_s: float = 5.0
@@ -323,6 +328,9 @@ class Config:
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")
         if self.train.stop_at_success > 0 and not self.eval.every_versions:
             raise ConfigError("train.stop_at_success needs periodic evaluation: set eval.every_versions > 0")
+        if self.train.select_on_val and not self.eval.every_versions:
+            raise ConfigError("train.select_on_val chooses among periodic validation evaluations: set "
+                              "eval.every_versions > 0 (or train.select_on_val=false)")
         if not 0.0 <= self.train.stop_at_success <= 1.0:
             raise ConfigError(f"train.stop_at_success must be in [0, 1], got {self.train.stop_at_success}")
         # tasks without aux labels (Meta-World) get aux_input turned off when training starts (wiring.fit_aux)

@@ -58,6 +58,10 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.staleness: list[tuple[float, float]] = []
         self.curve: list[dict[str, Any]] = []
+        self.final_version: int | None = None
+        """the last learner version of this run (set when the RL loop ends)"""
+        self.selected: dict[str, Any] | None = None
+        """train.select_on_val: {"version", "val_success", "policy"} of the best validation evaluation so far"""
         self.job_t0 = time.time()
         self.resume_data = load_checkpoint(self.run_dir) if resume else None
         save_config(cfg, self.run_dir / "config.yaml")
@@ -76,6 +80,7 @@ class Trainer:
             self.counters.update(d.get("counters", {}))
             self.history = d.get("history", [])
             self.curve = d.get("curve", [])
+            self.selected = d.get("selected")
             return learner  # a resumed run keeps its own exploration noise
         learner = self._fresh_learner()
         learner.set_log_std(cfg.learner.rl_log_std)  # after bc.pt is saved: the warm start keeps its own
@@ -140,7 +145,17 @@ class Trainer:
             self.metrics.video(f"eval/video/{split}/{task}", frames, version)
         self.history.append({"version": version, "split": split, "env_steps": self.counters["env_steps"],
                              "wall_s": self.counters["wall_s"], **eval_scalars(results)})
+        if split == "val" and cfg.train.select_on_val:
+            self._consider(policy_state, version, self.history[-1]["eval/success_mean/val"])
         return results
+
+    def _consider(self, policy_state: dict[str, Any], version: int, val_success: float) -> None:
+        """train.select_on_val: keep this version if its mean validation success is the best so far (ties go to
+        the later version, which had more training)."""
+        import copy
+        if self.selected is None or val_success >= self.selected["val_success"]:
+            self.selected = {"version": int(version), "val_success": float(val_success),
+                             "policy": copy.deepcopy(policy_state)}
 
     def test_rows(self) -> list[dict[str, Any]]:
         """History rows of the test-seed evaluations (version 0 first when eval.test_at_start, the final last)."""
@@ -149,7 +164,7 @@ class Trainer:
     def checkpoint(self, runtime) -> Path:
         payload = {"config": to_dict(self.cfg), "learner": runtime.learner_state(),
                    "curriculum": self.sampler.state_dict(), "counters": self.counters, "history": self.history,
-                   "curve": self.curve}
+                   "curve": self.curve, "selected": self.selected}
         path = save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
         if getattr(runtime, "imagination", None) is not None:  # resume continues the world model too
             runtime.imagination.save_world_model(self.run_dir / "checkpoints" / "worldmodel.pt")
@@ -228,11 +243,18 @@ class Trainer:
             # would otherwise never reach TensorBoard or the learning curve (a short run could log none at all)
             self._log_progress(final_stats, recent[-200:], final_stats["learner_version"],
                                self.counters["wall_s"] - wall0, recent_imagined[-200:])
-            final_version = final_stats["learner_version"]
+            final_version = self.final_version = final_stats["learner_version"]
             if cfg.eval.every_versions and self.history[-1:] and self.history[-1]["version"] != final_version:
                 self.evaluate(runtime.policy_state(), final_version, video=False, split="val")  # the curve's end
+            reported, reported_version = runtime.policy_state(), final_version
+            if cfg.train.select_on_val and self.selected is not None:
+                reported, reported_version = self.selected["policy"], self.selected["version"]
+                save_checkpoint(self.run_dir / "checkpoints" / "selected.pt", {
+                    "config": to_dict(cfg), "learner": {"policy": reported, "version": reported_version},
+                    "history": self.history, "selected_on_val": {k: v for k, v in self.selected.items()
+                                                                 if k != "policy"}})
             if cfg.train.final_eval:
-                results = self.evaluate(runtime.policy_state(), final_version, video=True, split="test")
+                results = self.evaluate(reported, reported_version, video=True, split="test")
             self.checkpoint(runtime)
         finally:
             bar.close()
@@ -248,6 +270,10 @@ class Trainer:
             rows = self.test_rows()
             if len(rows) >= 2:
                 print(format_rl_table(rows[0], rows[-1], cfg.env.tasks))
+            if cfg.train.select_on_val and self.selected is not None:
+                print(f"final = version {self.selected['version']} of {final_stats['learner_version']}, selected on "
+                      f"validation seeds (mean success {self.selected['val_success']:.2f}); its checkpoint: "
+                      f"{self.run_dir / 'checkpoints' / 'selected.pt'}")
             print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
                   f"{summary['env_steps']} env steps in {summary['wall_s']:.0f} s "
                   f"({summary['env_steps_per_s']:.0f} env steps/s) on {summary['cpu_model']} x {summary['cpus']}; "
@@ -318,6 +344,10 @@ class Trainer:
         out: dict[str, Any] = {}
         if rows:
             out["final"], out["final_version"] = pick(rows[-1]), rows[-1]["version"]
+        if self.cfg.train.select_on_val and self.selected is not None:
+            # the reported final is the validation-selected version; the last one trained is named beside it
+            out["selected_on_val"] = {"version": self.selected["version"], "val_success": self.selected["val_success"],
+                                      "last_version": self.final_version}
         if len(rows) >= 2:
             out["v0"], out["v0_version"] = pick(rows[0]), rows[0]["version"]
             out["rl_added"] = _delta(rows[0], rows[-1], tasks)
