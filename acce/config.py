@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Union
 
 from acce.configlib import ConfigError, load_config
+from acce.device import DEVICES
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
 from acce.task_names import KNOWN_TASKS, METAWORLD_PREFIX, METAWORLD_TASKS, has_aux_labels
@@ -202,8 +203,20 @@ class RuntimeConfig:
     """Ray CPU resource per rollout worker"""
     learner_cpus: float = 1.0
     """Ray CPU resource for the learner"""
-    learner_gpus: float = 0.0
-    """Ray GPU resource for the learner"""
+    device: str = "auto"
+    """where the learner, the inference servers and the evaluator run the policy: 'auto' (CUDA when the driver sees a
+    CUDA device, else CPU), 'cpu' or 'cuda' (fails at start-up, in one line, where there is no CUDA device; a driver
+    joining a cluster by runtime.address leaves that check to the learner and server actors, which run where the
+    GPUs are). Rollout workers and simulators stay on CPU; results come back to them as CPU numpy"""
+    amp: bool = True
+    """bf16 autocast of the vision encoder and trunk on CUDA (learner updates and inference); heads, log-probs and
+    importance ratios stay float32. Ignored on CPU, where numbers are exactly those of float32"""
+    learner_gpus: float = 0.5
+    """Ray GPU resource (a fraction of one GPU) reserved for the learner actor when runtime.device resolves to cuda;
+    nothing is reserved on cpu. The default and server_gpus' share one GPU"""
+    server_gpus: float = 0.5
+    """Ray GPU resource reserved for the inference server actor when runtime.device resolves to cuda (as
+    learner_gpus)"""
     server_cpus: float = 0.5
     """Ray CPU resource per inference server"""
     torch_threads: int = 1
@@ -227,6 +240,10 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.kind must be 'ray' or 'local', got {self.kind!r}")
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"runtime.mode must be 'async' or 'sync', got {self.mode!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"runtime.device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.learner_gpus < 0 or self.server_gpus < 0:
+            raise ConfigError("runtime.learner_gpus and runtime.server_gpus must be >= 0 (fractions of a GPU)")
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,8 @@ class VLAPolicy(nn.Module):
         self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
         self.image_keys = tuple(IMAGE_PREFIX + c for c in self.cameras)
         self._language: LanguageEncoder | None = None
+        self.amp = False
+        """bf16 autocast of the encoder and trunk (CUDA only; set by acce.device.place, not saved with the policy)"""
 
         width, grid, horizon, m = config.trunk_width, config.image_grid, config.chunk_len, config.max_delay_steps
         self.num_image_tokens = len(self.cameras) * config.image_tokens_per_camera
@@ -211,7 +213,15 @@ class VLAPolicy(nn.Module):
 
     def features(self, batch: Mapping[str, Any], return_aux: bool = False) -> dict[str, Any]:
         """The expensive part (vision + trunk): what the heads read, per row. With learner.train_scope=residual the
-        learner computes it once per update and every minibatch reuses it (`heads`)."""
+        learner computes it once per update and every minibatch reuses it (`heads`). With `amp` it runs under bf16
+        autocast and hands float32 on: the heads, log-probs and importance ratios stay float32."""
+        if not self.amp:
+            return self._features(batch, return_aux)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            feats = self._features(batch, return_aux)
+        return {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in feats.items()}
+
+    def _features(self, batch: Mapping[str, Any], return_aux: bool) -> dict[str, Any]:
         if return_aux and not self.aux_dim:
             raise ValueError("this policy has no aux head (aux_dim=0); build it with aux_dim > 0 to predict aux targets")
         x = self._inputs(batch)
@@ -348,7 +358,10 @@ class VLAPolicy(nn.Module):
         if unknown:
             raise ValueError(f"policy state's config has unknown fields {unknown}; was it saved by a newer acce?")
         # policies saved before policy.residual_reads_aux existed have a residual that reads no aux estimate
-        config = PolicyConfig(**{"residual_reads_aux": False, **state["config"]})
+        saved = {"residual_reads_aux": False, **state["config"]}
+        if saved.get("vision_norm") == "group" and saved.get("vision_pretrained_dir"):
+            saved["vision_pretrained_dir"] = ""  # saved before vision_norm's rule: rebuilt as it ran (GroupNorm)
+        config = PolicyConfig(**saved)
         with torch.random.fork_rng(devices=[]):  # building draws init weights; do not disturb the caller's RNG
             policy = cls(config, int(state["state_dim"]), int(state["action_dim"]), norm,
                          tuple(state.get("cameras", ("front",))), vision_config=state.get("vision_config"),
