@@ -84,7 +84,8 @@ class Learner:
     def _frozen(self, policy_state: dict[str, Any]):
         """A no-grad eval-mode policy rebuilt from a policy_state (not deep-copied: the copy needs no language
         encoder, batches carry embeddings)."""
-        ref = type(self.policy).from_state(policy_state).to(self.policy.device).eval()
+        from acce.device import place  # same device and mixed precision as the policy it anchors
+        ref = place(type(self.policy).from_state(policy_state), self.policy.device, self.policy.amp).eval()
         ref.requires_grad_(False)
         return ref
 
