@@ -125,7 +125,10 @@ def cmd_eval(args) -> int:
         yaml.safe_dump(data["config"], f)
     cfg = load_config(Config, f.name, list(args.overrides))
     Path(f.name).unlink()
-    server = InferenceServer(policy_from_checkpoint(data), deterministic=True)
+    from acce.device import driver_device, place
+    # the run's runtime.device (a GPU run's checkpoint on a CPU machine: runtime.device=cpu or auto)
+    policy = place(policy_from_checkpoint(data), driver_device(cfg.runtime), cfg.runtime.amp)
+    server = InferenceServer(policy, deterministic=True)
     server._version = int(data["learner"]["version"])
     tasks = args.task or list(cfg.env.tasks)
     ev = make_evaluator(cfg, server, tasks, args.episodes)

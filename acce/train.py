@@ -43,9 +43,13 @@ class Trainer:
     """Owns the driver side: budgets, logging, evaluation, checkpoints. The runtime owns the roles."""
 
     def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
+        from acce.device import driver_device
         from acce.wiring import fit_aux
         cfg = fit_aux(cfg)  # Meta-World tasks: aux off (one printed line); saved so resume and eval see it too
         self.cfg, self.progress = cfg, progress
+        self.device = driver_device(cfg.runtime)
+        """where this process runs the policy (warm start, learner, evaluation); runtime.device=cuda without CUDA
+        fails here, before anything is built or written"""
         if cfg.runtime.driver_threads > 0:
             import torch
             torch.set_num_threads(cfg.runtime.driver_threads)
@@ -67,14 +71,19 @@ class Trainer:
         save_config(cfg, self.run_dir / "config.yaml")
 
     # --- setup --------------------------------------------------------------------------------------------------
+    def place(self, policy):
+        """The policy on this process's device (runtime.device, with runtime.amp), before an optimizer sees it."""
+        from acce.device import place
+        return place(policy, self.device, self.cfg.runtime.amp)
+
     def build_learner(self):
         from acce.policy.vla import VLAPolicy
         from acce.runtime.learner import make_learner
         cfg = self.cfg
         if self.resume_data is not None:
             d = self.resume_data
-            learner = make_learner(VLAPolicy.from_state(d["learner"]["policy"], cfg.env.image_size), cfg.learner,
-                                   seed=cfg.run.seed)
+            learner = make_learner(self.place(VLAPolicy.from_state(d["learner"]["policy"], cfg.env.image_size)),
+                                   cfg.learner, seed=cfg.run.seed)
             learner.load_state_dict(d["learner"])
             self.sampler.load_state_dict(d.get("curriculum", {}))
             self.counters.update(d.get("counters", {}))
@@ -96,14 +105,15 @@ class Trainer:
             from acce.wiring import sim_aux_dim
             policy = policy_for_rl(load_ckpt(cfg.train.init_from)["learner"]["policy"], cfg.policy,
                                    sim_aux_dim() if cfg.policy.critic == "privileged" else 0, cfg.env.image_size)
-            return make_learner(policy, cfg.learner, seed=cfg.run.seed)
+            return make_learner(self.place(policy), cfg.learner, seed=cfg.run.seed)
         if cfg.bc.steps > 0 and cfg.bc.episodes > 0:
-            learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress)
+            learner, self.counters["bc"] = bc_warmstart(cfg, self.run_dir, self.metrics, self.progress,
+                                                        place=self.place)
             # the warm start on its own, so RL variants can start from the same version 0 (train.init_from)
             save_checkpoint(self.run_dir / "checkpoints" / "bc.pt",
                             {"config": to_dict(cfg), "learner": learner.state_dict(), "counters": self.counters})
             return learner
-        return make_learner(build_policy(cfg, env_states(cfg)), cfg.learner, seed=cfg.run.seed)
+        return make_learner(self.place(build_policy(cfg, env_states(cfg))), cfg.learner, seed=cfg.run.seed)
 
     def make_runtime(self, learner):
         from acce import wiring
@@ -135,7 +145,7 @@ class Trainer:
         from acce.serving.inference import InferenceServer
         from acce.wiring import make_evaluator
         cfg = self.cfg
-        server = InferenceServer(VLAPolicy.from_state(policy_state), deterministic=True)
+        server = InferenceServer(self.place(VLAPolicy.from_state(policy_state)), deterministic=True)
         server._version = version
         episodes = cfg.eval.test_episodes_per_task if split == "test" else cfg.eval.episodes_per_task
         ev = make_evaluator(cfg, server, cfg.env.tasks, episodes)

@@ -30,7 +30,9 @@ def env_states(cfg: Config, steps: int = 200) -> np.ndarray:
     return np.concatenate(states)
 
 
-def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
+def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, place=lambda policy: policy):
+    """Record the demos (kept in run_dir), clone them (with DAgger rounds between phases). `place` puts the new
+    policy on the run's device before its optimizer exists. Returns (learner, summary counters)."""
     from acce.bc import DemoDataset, bc_train
     from acce.collect import collect
     from acce.config import CollectConfig
@@ -57,7 +59,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool):
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
                        spec.action_dim)
-    policy = build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec)
+    policy = place(build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec))
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds

@@ -22,11 +22,14 @@ from acce.runtime.worker import RolloutWorker
 class LocalRuntime:
     def __init__(self, cfg, learner, make_env: Callable[[int], Any], *, make_latency=None, on_episode=None,
                  make_imagined_env=None, make_wm_trainer=None):
+        from acce.device import place
         from acce.policy.vla import VLAPolicy
 
         self.cfg, self.learner = cfg, learner
         r, lc = cfg.rollout, cfg.learner
-        server_policy = VLAPolicy.from_state(learner.policy.policy_state())
+        # one process: the server runs where the learner's policy was placed (runtime.device, runtime.amp)
+        server_policy = place(VLAPolicy.from_state(learner.policy.policy_state()), learner.policy.device,
+                              learner.policy.amp)
         self.server = InferenceServer(server_policy, max_batch=cfg.runtime.max_batch,
                                       timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7)
         self.weights = WeightStore()

@@ -69,7 +69,8 @@ def critic_state(f: dict[str, torch.Tensor], max_delay: int) -> torch.Tensor:
 
 
 class Replay:
-    """A ring buffer of transitions, tensors allocated at the first insert (shapes come from the features)."""
+    """A ring buffer of transitions, tensors allocated at the first insert (shapes and device come from the
+    features: on the learner's device, so sampling moves nothing)."""
 
     def __init__(self, capacity: int):
         self.capacity, self.size, self.pos = int(capacity), 0, 0
@@ -78,16 +79,17 @@ class Replay:
     def add(self, batch: dict[str, torch.Tensor]) -> None:
         n = next(iter(batch.values())).shape[0]
         if not self.data:
-            self.data = {k: torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in batch.items()}
+            self.data = {k: torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype, device=v.device)
+                         for k, v in batch.items()}
         idx = (self.pos + torch.arange(n)) % self.capacity
         for k, v in batch.items():
-            self.data[k][idx] = v.detach().cpu()
+            self.data[k][idx.to(v.device)] = v.detach()
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
 
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         idx = torch.as_tensor(rng.integers(0, self.size, size=n))
-        return {k: v[idx] for k, v in self.data.items()}
+        return {k: v[idx.to(v.device)] for k, v in self.data.items()}
 
 
 class OffPolicyLearner(Learner):
@@ -121,7 +123,7 @@ class OffPolicyLearner(Learner):
         s_dim = critic_state(f, self.policy.config.max_delay_steps).shape[-1]
         torch.manual_seed(int(self.rng.integers(2**31)))
         self.q = nn.ModuleList([QHead(s_dim, f["lang"].shape[-1], horizon * action_dim, horizon, cfg.q_hidden)
-                                for _ in range(2)])
+                                for _ in range(2)]).to(self.policy.device)  # built on CPU: same init everywhere
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.q_optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.critic_lr or cfg.lr, eps=1e-5)
         if self._pending_q_state is not None:  # resuming: the checkpointed heads and their optimizer
@@ -137,20 +139,20 @@ class OffPolicyLearner(Learner):
         span mask (decision k+1 of the segment or the bootstrap row; at a bootstrap row the span is the delay's
         first `exec_len.max()` positions, which is what the actor executes there)."""
         self.policy.eval()
-        b, t = data["B"], data["T"]
+        b, t, dev = data["B"], data["T"], self.policy.device
         feats = self.policy.features(self.policy.with_lang(data["inputs"]))
         boot = self.policy.features(self.policy.with_lang(data["boot"]))
         cur = {k: v for k, v in feats.items() if k in _FEATURE_KEYS and v is not None
                and not (k == "h_value" and feats.get("privileged") is not None)}  # Q reads one of the two
-        mask = torch.as_tensor(data["mask"])  # (B*T, H)
-        ni = torch.as_tensor(data["next_index"]).reshape(-1)  # (B*T,)
-        flat = torch.arange(b * t)
+        mask = torch.as_tensor(data["mask"], device=dev)  # (B*T, H)
+        ni = torch.as_tensor(data["next_index"], device=dev).reshape(-1)  # (B*T,)
+        flat = torch.arange(b * t, device=dev)
         following = torch.where((flat % t) < t - 1, flat + 1, flat)  # next decision in the same segment
         in_seg = ni < 0
         h = mask.shape[1]
         span = int(np.max(data["exec_len"]))
-        boot_delay = torch.as_tensor(data["boot"]["delay_steps"])[ni.clamp(min=0)]
-        pos = torch.arange(h)[None]
+        boot_delay = torch.as_tensor(data["boot"]["delay_steps"], device=dev)[ni.clamp(min=0)]
+        pos = torch.arange(h, device=dev)[None]
         boot_mask = (pos >= boot_delay[:, None]) & (pos < boot_delay[:, None] + span)
         out = {f"s/{k}": v for k, v in cur.items()}
         for k, v in cur.items():
@@ -160,9 +162,9 @@ class OffPolicyLearner(Learner):
             sel = in_seg.view(-1, *([1] * (v.dim() - 1)))
             out[f"n/{k}"] = torch.where(sel, nxt_seg, nxt_boot)
         out["n/mask"] = torch.where(in_seg[:, None], mask[following], boot_mask)
-        out.update({"chunk": torch.as_tensor(data["chunk"]).clamp(-1.0, 1.0), "mask": mask,  # as the env executed it
-                    "reward": torch.as_tensor(data["reward"]).reshape(-1).float(),
-                    "discount": torch.as_tensor(data["discount"]).reshape(-1).float()})
+        out.update({"chunk": torch.as_tensor(data["chunk"], device=dev).clamp(-1.0, 1.0), "mask": mask,  # as executed
+                    "reward": torch.as_tensor(data["reward"], device=dev).reshape(-1).float(),
+                    "discount": torch.as_tensor(data["discount"], device=dev).reshape(-1).float()})
         return out
 
     # --- update -------------------------------------------------------------------------------------------------

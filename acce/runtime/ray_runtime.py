@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any
 
-import numpy as np
 import ray
 from ray.util.queue import Queue
 
 from acce.runtime.queue import StalenessGate, SyncGate, put_until_stopped
 from acce.runtime.ray_clients import RemoteGate, RemotePolicy, ServerActor, named, set_torch_threads
+from acce.runtime.ray_resources import ensure_ray, start_cluster  # noqa: F401 (ensure_ray: re-exported)
 from acce.runtime.weights import WeightStore
 from acce.runtime.worker import RolloutWorker
 
@@ -114,14 +114,19 @@ class WorkerActor:
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int, mixed=None):
+    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, threads: int, mixed=None,
+                 device: str = "cpu"):
+        """device: 'cpu' or 'cuda' (acce.device.role_device), resolved here, where the actor runs."""
+        from acce.device import place, resolve_device
         from acce.policy.vla import VLAPolicy
         from acce.runtime.learner import make_learner
         set_torch_threads(threads)
         self.cfg, self.queue, self.servers, self.weight_store = cfg, queue, servers, weight_store
         self.mixed = mixed
         """imagination on: ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
-        self.learner = make_learner(VLAPolicy.from_state(learner_state["policy"]), cfg.learner, seed=cfg.run.seed)
+        # placed before the optimizer exists, so its moments are built (and loaded) on the policy's device
+        policy = place(VLAPolicy.from_state(learner_state["policy"]), resolve_device(device), cfg.runtime.amp)
+        self.learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
         self.learner.load_state_dict(learner_state)
         # run() holds this while it updates and publishes; snapshots (checkpoints, evaluation) wait for it, so they
         # never see a half-applied optimizer step
@@ -195,35 +200,13 @@ class LearnerActor:
             return self.learner.policy.policy_state()
 
 
-def ensure_ray(rt, needed_cpus: float) -> None:
-    """Join runtime.address, or start an embedded cluster watched by acce.runtime.ray_reaper (unless Ray is up)."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a one-machine cluster on loopback; no token prompt
-    # Logical CPUs only schedule actors; real contention is bounded by runtime.torch_threads. An embedded
-    # cluster is sized so every role fits (an actor that cannot be placed would wait forever).
-    cpus = rt.num_cpus or max(os.cpu_count() or 1, int(np.ceil(needed_cpus)))
-    ray.init(address=rt.address or None, num_cpus=None if rt.address else cpus,
-             include_dashboard=False, log_to_driver=True, configure_logging=False)
-    if not rt.address:  # our own cluster: its agents must not outlive a killed driver by a minute
-        from acce.runtime.ray_reaper import watch
-        watch()
-
-
 class RayRuntime:
     def __init__(self, cfg, learner, make_env, *, make_latency=None, on_episode=None, make_imagined_env=None,
                  make_wm_trainer=None):
         from acce.runtime.ray_imagination import RayImagination
         from acce.train import TASK_BY_ID
         rt = cfg.runtime
-        needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus + RayImagination.cpus(cfg)
-        ensure_ray(rt, needed)
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if have < needed:
-            raise ValueError(f"the Ray cluster has {have:g} CPUs but the roles request {needed:g} "
-                             f"({cfg.rollout.num_workers} workers x runtime.worker_cpus={rt.worker_cpus:g} + "
-                             f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g} + imagination "
-                             f"{RayImagination.cpus(cfg):g}); lower them or add machines")
+        device, learner_gpus, server_gpus = start_cluster(cfg, RayImagination.cpus(cfg))
         self.cfg, self.on_episode = cfg, on_episode
         self.sync = rt.mode == "sync"
         lc, t = cfg.learner, rt.timeout_s
@@ -233,9 +216,9 @@ class RayRuntime:
         # one thread per in-flight request: every env of every pipelined worker may have one
         run_id = f"acce-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate")}
-        self.server = ServerActor.options(num_cpus=rt.server_cpus, name=self.names["server"], max_concurrency=max(
+        self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"], max_concurrency=max(
             64, 2 * total_envs)).remote(
-            policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads)
+            policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device, rt.amp)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls = SyncGate if self.sync else StalenessGate
         gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
@@ -244,10 +227,10 @@ class RayRuntime:
             if cfg.imagination.enabled else None
         if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
             make_env = self.imagination.wrap_env_factory(make_env)
-        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus,
+        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=learner_gpus,
                                             max_concurrency=2).remote(
             learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads,
-            self.imagination.batches(self.gate) if self.imagination is not None else None)
+            self.imagination.batches(self.gate) if self.imagination is not None else None, device)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, max_concurrency=2).remote(
             w, cfg, make_env, make_latency, self.names, TASK_BY_ID)
             for w in range(cfg.rollout.num_workers)]

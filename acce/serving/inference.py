@@ -33,7 +33,8 @@ def _rows(batch: Mapping[str, Any]) -> int:
 
 
 class InferenceServer:
-    """Owns one policy network. `infer` is the direct in-thread path; `submit` goes through dynamic batching."""
+    """Owns one policy network. `infer` is the direct in-thread path; `submit` goes through dynamic batching.
+    The policy runs where its owner placed it (acce.device.place: device and mixed precision)."""
 
     def __init__(self, policy, *, max_batch: int = 64, timeout_ms: float = 2.0, seed: int = 0,
                  deterministic: bool = False, name: str = "server"):
@@ -44,7 +45,8 @@ class InferenceServer:
         self.deterministic = deterministic
         self.name = name
         self._version = 0
-        self.generator = torch.Generator().manual_seed(int(seed))
+        # sampling noise is drawn where the policy runs (a CPU generator cannot feed CUDA's randn)
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(int(seed))
         self._lock = threading.Lock()
         """held for a batch (forward pass) and the swap before it"""
         self._stage_lock = threading.Lock()
@@ -103,8 +105,10 @@ class InferenceServer:
             self.stats["forward_s"] += time.perf_counter() - t0
             self.stats["batches"] += 1
             self.stats["rows"] += _rows(batch)
-            return {"chunk": out["chunk"].numpy(), "mean": out["mean"].numpy(), "value": out["value"].numpy(),
-                    "logp_pos": out["logp_steps"].numpy(), "version": self._version}
+            # results leave as CPU numpy whatever the device: workers, segments and robots hold numpy
+            return {"chunk": out["chunk"].cpu().numpy(), "mean": out["mean"].cpu().numpy(),
+                    "value": out["value"].cpu().numpy(), "logp_pos": out["logp_steps"].cpu().numpy(),
+                    "version": self._version}
 
     def submit(self, batch: Mapping[str, Any]) -> Future:
         """Queue a request for dynamic batching; the future resolves to the same dict as `infer`."""
