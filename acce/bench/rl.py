@@ -78,7 +78,9 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
     per_seed = [{"seed": r["seed"], "v0": r["v0"], "final": r["final"],
                  "final_sync": next((s["final"] for s in runs.get("sync", []) if s["seed"] == r["seed"]), None),
                  "n": r["n"], "final_ci95": list(wilson_interval(round(r["final"] * r["n"]), r["n"])),
-                 "env_steps": r["env_steps"], "wall_s": r["wall_s"]} for r in runs["async"]]
+                 "env_steps": r["env_steps"], "wall_s": r["wall_s"],
+                 "selected_version": (r.get("selected_on_val") or {}).get("version"),
+                 "last_version": (r.get("selected_on_val") or {}).get("last_version")} for r in runs["async"]]
     return {"v0": float(np.mean(v0)), "final": float(np.mean(finals["async"])),
             "final_sync": float(np.mean(finals["sync"])) if finals["sync"] else None,
             "final_seed_ci95": _seed_interval(finals["async"]), "rl_added_points": 100 * float(
@@ -133,6 +135,8 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
                 runs.setdefault(mode, []).append({
                     "seed": seed, "v0": test["v0"][task], "final": test["final"][task],
                     "n": s["eval"][f"{task}/test"]["n"], "env_steps": s["env_steps"], "wall_s": s["wall_s"],
+                    # train.select_on_val: which version "final" is (chosen on validation seeds) and the last one
+                    "selected_on_val": test.get("selected_on_val"),
                     "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s")
                                  or k == f"eval/success/{task}/val"} for h in s["history"]]})
                 print(f"[rl] {name}: test {test['v0'][task]:.2f} -> {test['final'][task]:.2f} "

@@ -22,8 +22,11 @@ def _outcome(cfg):
     for steps, val in ((0, 0.2), (1000, 0.5), (2000, final + 0.03 if mode == "async" else 0.4)):
         hist.append({"split": "val", "version": steps // 10, "env_steps": steps, "wall_s": steps / rate,
                      f"eval/success/{task}/val": val})
-    return {"env_steps": 4000, "wall_s": 4000 / rate, "history": hist,
-            "test": {"v0": {task: 0.2}, "final": {task: final}}, "eval": {f"{task}/test": {"n": 100}}}
+    test = {"v0": {task: 0.2}, "final": {task: final}}
+    if seed == 1:  # a run with train.select_on_val: its final is version 200 of 400
+        test["selected_on_val"] = {"version": 200, "val_success": 0.73, "last_version": 400}
+    return {"env_steps": 4000, "wall_s": 4000 / rate, "history": hist, "test": test,
+            "eval": {f"{task}/test": {"n": 100}}}
 
 
 def test_rl_bench_runs_and_summarizes(fake_trainer, tmp_path):  # noqa: F811
@@ -45,6 +48,8 @@ def test_rl_bench_runs_and_summarizes(fake_trainer, tmp_path):  # noqa: F811
     assert row["steps_to_90pct"]["sync"] == 4000 and row["wall_to_90pct_s"]["sync"] == 80.0
     assert row["censored_runs"] == {"async": 0, "sync": 2} and row["async_over_sync_wall"] == pytest.approx(4.0)
     assert [s["seed"] for s in row["per_seed"]] == [0, 1] and row["per_seed"][1]["final_sync"] == 0.5
+    # which version each seed's final is: the last (no selection) or the one chosen on validation seeds
+    assert [(s["selected_version"], s["last_version"]) for s in row["per_seed"]] == [(None, None), (200, 400)]
     assert set(row) >= {"v0", "final", "final_sync", "per_seed", "steps_to_90pct", "wall_to_90pct_s"}
 
 
