@@ -9,8 +9,11 @@ from dataclasses import dataclass
 
 from acce.configlib import ConfigError
 
-VISION_KINDS = ("resnet", "vit")
-"""vision encoders: a small transformers ResNetModel or ViTModel built from a config (or loaded from a local dir)"""
+VISION_KINDS = ("resnet", "vit", "siglip")
+"""vision encoders: a transformers ResNetModel, ViTModel or SiglipVisionModel built from a config (or loaded from a
+local dir)"""
+VISION_NORMS = ("auto", "group", "frozen_batch")
+"""values of policy.vision_norm"""
 LANGUAGE_KINDS = ("minilm", "hash")
 """instruction encoders: frozen all-MiniLM-L6-v2 (default) or deterministic hash vectors (tests, fallback)"""
 LANG_DIM = 384
@@ -24,10 +27,12 @@ class PolicyConfig:
     max_delay_steps: int = 4
     """length of the committed-prefix input: the largest inference delay d (control steps) the policy accepts"""
     vision: str = "resnet"
-    """vision encoder: 'resnet' (transformers ResNetModel) or 'vit' (transformers ViTModel)"""
+    """vision encoder: 'resnet' (transformers ResNetModel), 'vit' (transformers ViTModel) or 'siglip' (the vision
+    tower of a transformers SiglipVisionModel, as VLAs such as openpi's use; no CLS token, no pooling head)"""
     vision_pretrained_dir: str = ""
-    """local folder with a saved ResNetModel/ViTModel (save_pretrained layout) to start from; '' = build the small
-    encoder described below from its config with random weights (never downloads)"""
+    """local folder with a saved ResNetModel/ViTModel/SiglipVisionModel (save_pretrained layout) to start from; '' =
+    build the encoder described below from its config with random weights (never downloads). A pretrained ResNet
+    keeps its own BatchNorm (see vision_norm)"""
     freeze_vision: bool = False
     """keep the vision encoder's weights fixed (useful with a pretrained encoder); they are then not published"""
     resnet_hidden_sizes: tuple[int, ...] = (16, 32, 64)
@@ -35,19 +40,22 @@ class PolicyConfig:
     resnet_depths: tuple[int, ...] = (1, 1, 1)
     """basic residual blocks per ResNet stage, one entry per stage"""
     vit_width: int = 64
-    """ViT hidden size (vision='vit' only)"""
+    """ViT hidden size (vision='vit' or 'siglip')"""
     vit_layers: int = 2
-    """ViT transformer layers (vision='vit' only)"""
+    """ViT transformer layers (vision='vit' or 'siglip')"""
     vit_heads: int = 4
-    """ViT attention heads (vision='vit' only); must divide vit_width"""
+    """ViT attention heads (vision='vit' or 'siglip'); must divide vit_width"""
     vit_patch_size: int = 16
-    """ViT patch side in pixels (vision='vit' only); 64x64 images give a 4x4 patch grid"""
+    """ViT patch side in pixels (vision='vit' or 'siglip'); 64x64 images give a 4x4 patch grid"""
     image_grid: int = 4
     """each camera contributes image_grid x image_grid tokens: the encoder's feature map is average-pooled to it"""
-    vision_norm: str = "group"
-    """normalization inside the ResNet: 'group' (GroupNorm, per-sample statistics: right for encoders trained from
-    scratch) or 'frozen_batch' (BatchNorm with fixed statistics: right for pretrained weights, whose statistics
-    mean something). Never batch statistics: they would make a log-prob depend on the rest of its batch"""
+    vision_norm: str = "auto"
+    """normalization inside the ResNet: 'group' (its BatchNorms become GroupNorms, per-sample statistics: right for
+    an encoder trained from scratch), 'frozen_batch' (BatchNorm with fixed statistics: right for pretrained weights,
+    whose statistics mean something) or 'auto' (the rule: frozen_batch when vision_pretrained_dir is set, else
+    group). 'group' with a pretrained dir is refused: it would throw away the encoder's trained normalization.
+    Never batch statistics: they would make a log-prob depend on the rest of its batch. ViT/SigLIP: LayerNorm,
+    unaffected"""
     keypoints: int = 0
     """spatial-softmax keypoints per camera (0 = off): a 1x1 conv turns the feature map of ResNet stage
     `keypoint_stage` into this many heatmaps, each reduced to its expected (x, y) image position and fed to the
@@ -153,8 +161,12 @@ class PolicyConfig:
             raise ConfigError(f"policy.critic must be 'trunk' or 'privileged', got {self.critic!r}")
         if self.value_hidden <= 0:
             raise ConfigError(f"policy.value_hidden must be positive, got {self.value_hidden}")
-        if self.vision_norm not in ("group", "frozen_batch"):
-            raise ConfigError(f"policy.vision_norm must be 'group' or 'frozen_batch', got {self.vision_norm!r}")
+        if self.vision_norm not in VISION_NORMS:
+            raise ConfigError(f"policy.vision_norm must be one of {list(VISION_NORMS)}, got {self.vision_norm!r}")
+        if self.vision_norm == "group" and self.vision_pretrained_dir and self.vision == "resnet":
+            raise ConfigError("policy.vision_norm=group would replace the pretrained ResNet's BatchNorms (in "
+                              f"{self.vision_pretrained_dir}) by untrained GroupNorms; use policy.vision_norm=auto "
+                              "(frozen_batch for a pretrained dir) or frozen_batch")
         if self.keypoints < 0:
             raise ConfigError(f"policy.keypoints must be >= 0, got {self.keypoints}")
         if self.keypoints and self.vision != "resnet":
@@ -168,6 +180,13 @@ class PolicyConfig:
         if not self.min_log_std <= self.init_log_std <= self.max_log_std:
             raise ConfigError(f"policy.init_log_std={self.init_log_std} must lie in [min_log_std, max_log_std] = "
                               f"[{self.min_log_std}, {self.max_log_std}]")
+
+    @property
+    def resnet_norm(self) -> str:
+        """vision_norm with 'auto' resolved: 'frozen_batch' for a pretrained encoder, 'group' for one from scratch"""
+        if self.vision_norm != "auto":
+            return self.vision_norm
+        return "frozen_batch" if self.vision_pretrained_dir else "group"
 
     @property
     def lang_dim(self) -> int:

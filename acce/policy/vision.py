@@ -1,7 +1,7 @@
 """Vision encoder: uint8 camera images -> a grid of feature tokens, via a transformers backbone.
 
-The backbone is a `ResNetModel` or `ViTModel` built from a small config (CPU default) or loaded from a local
-save_pretrained folder (bigger pretrained encoders on GPU machines). Nothing is ever downloaded.
+The backbone is a `ResNetModel`, `ViTModel` or `SiglipVisionModel` built from a config (small on CPU, bigger in
+configs/gpu.yaml) or loaded from a local save_pretrained folder. Nothing is ever downloaded.
 """
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from acce.policy.config import PolicyConfig
 
 # Pixel statistics the respective pretrained families were trained with; random-init encoders use the same so that
 # swapping in pretrained weights changes nothing else.
-_PIXEL_STATS = {"resnet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
+_PIXEL_STATS = {"resnet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                "siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
 
 
 def _build_backbone(cfg: PolicyConfig, backbone_config: dict[str, Any] | None) -> nn.Module:
     """From a checkpoint's stored backbone config (exact architecture, weights come later), a local pretrained
     folder, or the small config in PolicyConfig, in that order."""
-    from transformers import ResNetConfig, ResNetModel, ViTConfig, ViTModel
+    from transformers import ResNetConfig, ResNetModel, SiglipVisionConfig, SiglipVisionModel, ViTConfig, ViTModel
 
     # Dropout would make the same (observation, action) get different log-probs in the actor and the learner.
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -34,6 +35,15 @@ def _build_backbone(cfg: PolicyConfig, backbone_config: dict[str, Any] | None) -
         return ResNetModel(ResNetConfig(
             num_channels=3, embedding_size=cfg.resnet_hidden_sizes[0], hidden_sizes=list(cfg.resnet_hidden_sizes),
             depths=list(cfg.resnet_depths), layer_type="basic", hidden_act="relu", downsample_in_first_stage=False))
+    if cfg.vision == "siglip":  # no pooling head: the policy reads the patch tokens
+        no_head = {"vision_use_head": False, "attention_dropout": 0.0}
+        if backbone_config is not None:
+            return SiglipVisionModel(SiglipVisionConfig.from_dict({**backbone_config, **no_head}))
+        if cfg.vision_pretrained_dir:
+            return SiglipVisionModel.from_pretrained(cfg.vision_pretrained_dir, local_files_only=True, **no_head)
+        return SiglipVisionModel(SiglipVisionConfig(
+            hidden_size=cfg.vit_width, num_hidden_layers=cfg.vit_layers, num_attention_heads=cfg.vit_heads,
+            intermediate_size=4 * cfg.vit_width, image_size=64, patch_size=cfg.vit_patch_size, **no_head))
     if backbone_config is not None:
         return ViTModel(ViTConfig.from_dict({**backbone_config, **no_dropout}), add_pooling_layer=False)
     if cfg.vision_pretrained_dir:
@@ -84,9 +94,10 @@ class VisionEncoder(nn.Module):
         self.kind = cfg.vision
         self.grid = cfg.image_grid
         self.backbone = _build_backbone(cfg, backbone_config)
-        if self.kind == "resnet" and cfg.vision_norm == "group":
+        if self.kind == "resnet" and cfg.resnet_norm == "group":
             # A from-scratch ResNet with frozen BatchNorm has no working normalization at all (its statistics are
-            # the init's 0/1); GroupNorm normalizes each sample on its own, so batches stay independent.
+            # the init's 0/1); GroupNorm normalizes each sample on its own, so batches stay independent. A
+            # pretrained one keeps its BatchNorm (PolicyConfig.vision_norm's rule): its statistics are trained.
             _batchnorm_to_groupnorm(self.backbone)
         bcfg = self.backbone.config
         self.out_channels = int(bcfg.hidden_sizes[-1] if self.kind == "resnet" else bcfg.hidden_size)
@@ -143,7 +154,8 @@ class VisionEncoder(nn.Module):
             hidden = self.backbone(pixel_values=x, interpolate_pos_encoding=interpolate).last_hidden_state
             patch = self.backbone.config.patch_size
             h, w = x.shape[-2] // patch, x.shape[-1] // patch
-            fmap = hidden[:, 1:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # drop CLS -> (N, C, h, w)
+            patches = hidden[:, 1:] if self.kind == "vit" else hidden  # ViT has a CLS token first, SigLIP none
+            fmap = patches.transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (N, C, h, w)
         if fmap.shape[-2:] != (self.grid, self.grid):
             fmap = F.adaptive_avg_pool2d(fmap, self.grid)
         return fmap.flatten(2).transpose(1, 2), points  # (N, G*G, C), (N, K, 2) or None
