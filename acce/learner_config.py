@@ -61,6 +61,11 @@ class LearnerConfig:
     executed span already moved in this update; above 2x target the rate is divided by 1.5, below half of it (and
     > 0) multiplied by 1.5, within [lr_min, lr_max] (rsl_rl's adaptive schedule). Keeps every update's step size
     where PPO works whatever the batch, epochs and task; the rate starts at learner.lr and is checkpointed"""
+    kl_stop: float = 0.0
+    """early stop of an update's epochs (0 = off; CleanRL's / Spinning Up's target_kl): before each optimizer step
+    the minibatch's approx KL(π_prox ‖ π) is compared with 1.5 x kl_stop, and past it the update ends (the remaining
+    minibatches and epochs are skipped; `learner/opt_steps` shows how many ran). Bounds how far one update moves the
+    policy whatever epochs x minibatches is, at a fixed learning rate"""
     lr_min: float = 1e-6
     """lower bound of the adaptive learning rate (learner.target_kl)"""
     lr_max: float = 1e-3
@@ -125,6 +130,8 @@ class LearnerConfig:
             raise ConfigError("learner.gamma must be in (0, 1] and learner.lam in [0, 1]")
         if self.train_scope not in ("all", "residual"):
             raise ConfigError(f"learner.train_scope must be 'all' or 'residual', got {self.train_scope!r}")
+        if not self.kl_stop >= 0:
+            raise ConfigError(f"learner.kl_stop must be >= 0 (0 = off), got {self.kl_stop}")
         if self.target_kl < 0 or (self.target_kl > 0 and not 0 < self.lr_min <= self.lr <= self.lr_max):
             raise ConfigError(f"learner.target_kl must be >= 0 and learner.lr_min <= learner.lr <= learner.lr_max, got "
                               f"{self.target_kl}, {self.lr_min} <= {self.lr} <= {self.lr_max}")

@@ -268,7 +268,10 @@ class Learner:
         self.policy.train()
         sums: dict[str, float] = {}
         steps = 0
+        stopped = False
         for _ in range(cfg.epochs):
+            if stopped:
+                break
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx, device=dev)
@@ -285,6 +288,9 @@ class Learner:
                     pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
                 else:
                     pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
+                if cfg.kl_stop > 0 and steps > 0 and stats["is/approx_kl"] > 1.5 * cfg.kl_stop:
+                    stopped = True  # this update has moved the policy far enough (learner.kl_stop)
+                    break
                 vl = value_loss(values, tg["returns_std"][it], tg["old_values_std"][it], clip=cfg.value_clip)
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
@@ -314,6 +320,7 @@ class Learner:
         self.consumed_env_steps += int(data["exec_len"].sum())
         metrics.update({k: v / steps for k, v in sums.items()})
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
+                        "learner/opt_steps": float(steps),
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
                         "learner/value_scale": self.value_stats()[1],

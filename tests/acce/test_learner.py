@@ -265,3 +265,21 @@ def test_rl_log_std_sets_the_exploration_noise_rl_starts_with(tmp_path):
     assert torch.all(keep.policy.log_std == -1.0)
     with pytest.raises(ConfigError, match="rl_log_std"):
         load("configs/debug.yaml", ["learner.rl_log_std=3.0"])
+
+
+@pytest.mark.parametrize("kl_stop, steps", [(0.0, 12), (1e-12, 1), (1e9, 12)])
+def test_kl_stop_ends_the_update_once_the_policy_has_moved(kl_stop, steps):
+    """4 epochs x 3 minibatches = 12 optimizer steps. The first minibatch's KL is exactly 0 (the policy is the
+    proximal one), so it always steps; with a tiny kl_stop the second minibatch's KL (> 0 after one Adam step at
+    lr 1e-2) ends the update; off (0) or huge, all 12 run. Versions count the steps taken."""
+    _, learner = make_learner(["learner.epochs=4", "learner.minibatches=3", "learner.lr=1e-2",
+                               f"learner.kl_stop={kl_stop}"])
+    segs = [segment([1.0, 0.0, 2.0, 0.0, -1.0, 3.0]) for _ in range(2)]
+    m = learner.update(segs)
+    assert learner.version == steps and m["learner/opt_steps"] == steps
+
+
+def test_kl_stop_must_not_be_negative():
+    from acce.configlib import ConfigError
+    with pytest.raises(ConfigError, match="learner.kl_stop"):
+        load(None, ["learner.kl_stop=-0.1"])
