@@ -216,8 +216,8 @@ class RayRuntime:
         # one thread per in-flight request: every env of every pipelined worker may have one
         run_id = f"acce-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate")}
-        self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"], max_concurrency=max(
-            64, 2 * total_envs)).remote(
+        self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"],
+                                          max_concurrency=max(64, 2 * total_envs)).remote(
             policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device, rt.amp)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls = SyncGate if self.sync else StalenessGate
