@@ -41,7 +41,8 @@ class LocalRuntime:
         envs = [make_env(w) for w in range(r.num_workers)]
         total_envs = sum(e.num_envs for e in envs)
         self.gate = SyncGate(total_envs) if self.sync else StalenessGate(lc.batch_segments, lc.steps_per_update,
-                                                                         lc.max_staleness)
+                                                                         lc.max_staleness, learner.version)
+        self._updates0 = learner.updates  # a resumed learner has updates before this run's gate existed
         self.workers = [RolloutWorker(env, self.server, worker_id=w, segment_len=r.segment_len,
                                       chunk_len=cfg.policy.chunk_len, exec_horizon=r.execution_horizon,
                                       max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma,
@@ -111,6 +112,8 @@ class LocalRuntime:
     def _update(self, batch: list) -> dict[str, Any]:
         mix = self.imagination.mixer.metrics(batch, self.learner.version) if self.imagination is not None else {}
         update = {**self.learner.update(batch), **mix}
+        if isinstance(self.gate, StalenessGate):  # what the update really reached (learner.kl_stop may end it early)
+            self.gate.consumed(self.learner.updates - self._updates0, self.learner.version)
         self.publish()
         return update
 

@@ -5,7 +5,9 @@ batches of `batch_segments`, each batch followed by `steps_per_batch` optimizer 
 is consumed at learner version (n // batch_segments) * steps_per_batch. The StalenessGate admits a new segment
 sampled with weights v only if that consumption version − v ≤ max_staleness; otherwise the producer waits for
 fresher weights. Nothing is dropped; a segment that still arrives too stale (out-of-order completion across
-workers) is excluded by the learner and counted.
+workers) is excluded by the learner and counted. When an update may stop early (learner.kl_stop) it takes at most
+`steps_per_batch` steps, and the learner reports what it really reached (`consumed`): predictions then count from
+there, and stay upper bounds.
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def put_until_stopped(queue, item: Any, stopped: Callable[[], bool], timeout_s: 
 class StalenessGate:
     """Admission by predicted staleness at consumption (see module docstring). max_staleness < 0: unbounded."""
 
-    def __init__(self, batch_segments: int, steps_per_batch: int, max_staleness: int):
+    def __init__(self, batch_segments: int, steps_per_batch: int, max_staleness: int, start_version: int = 0):
+        """start_version: the learner's version when the run (or its resume) starts; predictions count from it"""
         self.batch_segments, self.steps_per_batch, self.max_staleness = batch_segments, steps_per_batch, max_staleness
         self.admitted = 0
         self.denied = 0
@@ -104,9 +107,21 @@ class StalenessGate:
         """(worker, env) slots whose latest admission is not known to be delivered: an env holds one admission
         per segment, so its next acquisition means the previous segment was delivered"""
         self._lock = threading.Lock()
+        self.updates_done, self.version_done = 0, int(start_version)
+        """updates the learner reported finished since this gate was made (consumed), and its version after them"""
 
     def predicted_consumption_version(self, n: int) -> int:
-        return (n // self.batch_segments) * self.steps_per_batch
+        """Learner version when the n-th admitted segment is consumed: exact while every update takes
+        steps_per_batch steps, an upper bound when updates stop early (each later update counts in full)."""
+        return self.version_done + (n // self.batch_segments - self.updates_done) * self.steps_per_batch
+
+    def consumed(self, updates: int, version: int) -> None:
+        """The learner has finished `updates` updates since this gate was made and is at `version`. Without this report an update that stopped
+        early (learner.kl_stop) would leave every prediction ahead of the real version by the steps it skipped:
+        producers would be told their segments come too stale, and the run would stall."""
+        with self._lock:
+            if updates >= self.updates_done:
+                self.updates_done, self.version_done = int(updates), int(version)
 
     def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
         with self._lock:

@@ -128,6 +128,7 @@ class LearnerActor:
         policy = place(VLAPolicy.from_state(learner_state["policy"]), resolve_device(device), cfg.runtime.amp)
         self.learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
         self.learner.load_state_dict(learner_state)
+        self.updates0 = self.learner.updates  # the gate counts this run's updates (a resume starts a new gate)
         # run() holds this while it updates and publishes; snapshots (checkpoints, evaluation) wait for it, so they
         # never see a half-applied optimizer step
         self.lock = threading.Lock()
@@ -188,7 +189,8 @@ class LearnerActor:
 
     def drain(self) -> dict:
         ups, self.updates = self.updates, []
-        return {"updates": ups, "version": self.learner.version, "wait_s": self.wait_s, "busy_s": self.busy_s,
+        return {"updates": ups, "version": self.learner.version, "updates_done": self.learner.updates - self.updates0,
+                "wait_s": self.wait_s, "busy_s": self.busy_s,
                 "alive_s": time.time() - self.started if self.started else 0.0}
 
     def state_dict(self) -> dict:
@@ -221,7 +223,8 @@ class RayRuntime:
             policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device, rt.amp)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls = SyncGate if self.sync else StalenessGate
-        gate_args = (total_envs,) if self.sync else (lc.batch_segments, lc.steps_per_update, lc.max_staleness)
+        gate_args = ((total_envs,) if self.sync else
+                     (lc.batch_segments, lc.steps_per_update, lc.max_staleness, learner.version))
         self.gate = ray.remote(gate_cls).options(num_cpus=0, name=self.names["gate"]).remote(*gate_args)
         self.imagination = RayImagination(cfg, self.names["server"], make_imagined_env, make_wm_trainer, make_latency) \
             if cfg.imagination.enabled else None
@@ -304,6 +307,9 @@ class RayRuntime:
             d = ray.get(self.learner.drain.remote(), timeout=self.timeout_s)
             updates, self.version = d["updates"], d["version"]
             self._learner_times = d
+            # what the updates really reached (learner.kl_stop may end one early); fire and forget, as the gate only
+            # grows more permissive with it and a late report keeps predictions upper bounds
+            self.gate.consumed.remote(d["updates_done"], d["version"])
         episodes = []
         for w, h in enumerate(self.workers):
             try:

@@ -215,6 +215,33 @@ def test_staleness_gate_predicts_consumption_version():
     assert all(unbounded.try_acquire(0, 0, 0) for _ in range(20))
 
 
+def test_staleness_gate_counts_from_what_early_stopped_updates_reached():
+    # batches of 2, at most 3 steps per update, max staleness 3, a resumed run at version 100
+    gate = StalenessGate(batch_segments=2, steps_per_batch=3, max_staleness=3, start_version=100)
+    for _ in range(4):  # segments 0-3: consumed at 100 and (at most) 103
+        assert gate.try_acquire(0, 0, 100)
+    assert not gate.try_acquire(0, 0, 100)  # segment 4: predicted 106
+    # the first update stopped after 1 step (learner.kl_stop): segment 4 is now predicted at 101 + 3 = 104 (the
+    # second update still counts in full), so weights 101 may sample it; without the report 106 - 101 > 3
+    gate.consumed(1, 101)
+    assert gate.try_acquire(0, 0, 101) and gate.predicted_consumption_version(4) == 104
+    gate.consumed(0, 100)  # a late, older report never moves predictions back
+    assert gate.predicted_consumption_version(4) == 104
+
+
+def test_async_run_with_early_stopped_updates_keeps_going():
+    """With learner.kl_stop tiny every update stops after one of its 4 steps; the gate must hear of it, or it predicts
+    3 missing versions per update and, at max_staleness 4, stalls the producers after two updates."""
+    _, learner, rt = make_runtime(["runtime.mode=async", "learner.epochs=2", "learner.minibatches=2",
+                                   "learner.max_staleness=4", "learner.kl_stop=1e-12", "learner.lr=1e-2"])
+    try:
+        updates = run_updates(rt, 6)
+        assert learner.version == 6 and all(u["learner/opt_steps"] == 1 for u in updates)
+        assert max(u["staleness/max"] for u in updates) <= 4 and learner.excluded_segments == 0
+    finally:
+        rt.shutdown()
+
+
 def test_sync_gate_admits_one_segment_per_env_per_round():
     gate = SyncGate(segments_per_round=2)
     gate.open_round(0)
