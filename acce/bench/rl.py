@@ -117,7 +117,8 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
         warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
         if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
-                                              "eval.every_versions=0"]), progress=False).run()
+                                              "eval.every_versions=0", "train.select_on_val=false"]),
+                    progress=False).run()
         result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
         runs: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:

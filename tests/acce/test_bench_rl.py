@@ -31,11 +31,13 @@ def _outcome(cfg):
 
 def test_rl_bench_runs_and_summarizes(fake_trainer, tmp_path):  # noqa: F811
     fake_trainer.outcome = staticmethod(_outcome)
-    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0, 1), budget_steps=4000,
-                                workdir=str(tmp_path))
+    # the preset selects on validation (train.select_on_val); the warm start, which evaluates nothing, must not
+    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50", "train.select_on_val=true"], tasks=["reach"],
+                                seeds=(0, 1), budget_steps=4000, workdir=str(tmp_path))
     warm = [c for c in fake_trainer.made if not c.train.init_from]
     rl = [c for c in fake_trainer.made if c.train.init_from]
-    assert len(warm) == 1 and warm[0].env.tasks == ("reach",)
+    assert len(warm) == 1 and warm[0].env.tasks == ("reach",) and not warm[0].train.select_on_val
+    assert all(c.train.select_on_val for c in fake_trainer.made if c.train.init_from)
     assert [(c.run.seed, c.runtime.mode) for c in rl] == [(0, "async"), (0, "sync"), (1, "sync"), (1, "async")]
     assert all(c.train.max_env_steps == 4000 and c.train.max_wall_s == 0 and c.bc.steps == 0 for c in rl)
     row = out["tasks"]["reach"]
