@@ -43,6 +43,10 @@ def image_keys(obs: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in obs if k.startswith(IMAGE_PREFIX))
 
 
+UNIT_FIELDS = ("state_names", "action_names", "action_low", "action_high")
+"""EnvSpec fields a dataset or robot gives and a sim leaves empty: dim names and the actions' physical units"""
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What a policy trained in one env needs from any other place it runs (docs/design.md §11).
@@ -69,9 +73,22 @@ class EnvSpec:
     max_step_m: float = 0.0
     """end-effector displacement one unit action commands per control step, metres (delta representations; 0 where
     it has no meaning, e.g. joint positions)"""
+    state_names: tuple[str, ...] = ()
+    """name of each state dim (a dataset's or robot's feature keys, e.g. "elbow_flex.pos"); () = unnamed (sims)"""
+    action_names: tuple[str, ...] = ()
+    """name of each action dim, the robot action keys it commands; () = unnamed (sims)"""
+    action_low: tuple[float, ...] = ()
+    """value of each action dim at a = -1 in the data's own units (degrees, radians, ...): the policy acts in
+    [-1, 1] and a robot sends low + (a + 1) / 2 * (high - low); () = the env maps [-1, 1] itself (sims)"""
+    action_high: tuple[float, ...] = ()
+    """value of each action dim at a = +1 in the data's units; given together with action_low"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", tuple(sorted(str(c) for c in self.cameras)))
+        for name in ("state_names", "action_names"):
+            object.__setattr__(self, name, tuple(str(n) for n in getattr(self, name)))
+        for name in ("action_low", "action_high"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         problems = []
         if int(self.state_dim) < 1 or int(self.action_dim) < 1:
             problems.append(f"state_dim={self.state_dim} and action_dim={self.action_dim} must be >= 1")
@@ -85,6 +102,14 @@ class EnvSpec:
             problems.append(f"image_size={self.image_size} must be >= 1 pixel")
         if float(self.max_step_m) < 0:
             problems.append(f"max_step_m={self.max_step_m} must be >= 0")
+        for name, width in (("state_names", self.state_dim), ("action_names", self.action_dim),
+                            ("action_low", self.action_dim), ("action_high", self.action_dim)):
+            if getattr(self, name) and len(getattr(self, name)) != int(width):
+                problems.append(f"{name} has {len(getattr(self, name))} entries for {width} dims")
+        if len(self.action_low) != len(self.action_high) or not all(
+                np.isfinite(lo) and np.isfinite(hi) and lo < hi for lo, hi in zip(self.action_low, self.action_high)):
+            problems.append(f"action_low {list(self.action_low)} and action_high {list(self.action_high)} must both "
+                            "be given (or neither), finite, with low < high in every dim")
         if problems:
             raise ValueError("env spec is invalid: " + "; ".join(problems))
         for name, kind in (("state_dim", int), ("action_dim", int), ("control_hz", float), ("image_size", int),
@@ -93,9 +118,11 @@ class EnvSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types (fits JSON, msgpack, torch.save): cameras as a list."""
-        return {"state_dim": self.state_dim, "action_dim": self.action_dim, "action_repr": self.action_repr,
-                "control_hz": self.control_hz, "cameras": list(self.cameras), "image_size": self.image_size,
-                "max_step_m": self.max_step_m}
+        out = {"state_dim": self.state_dim, "action_dim": self.action_dim, "action_repr": self.action_repr,
+               "control_hz": self.control_hz, "cameras": list(self.cameras), "image_size": self.image_size,
+               "max_step_m": self.max_step_m}
+        # names and units only when known, so a sim spec's dict is what readers before them know
+        return {**out, **{n: list(getattr(self, n)) for n in UNIT_FIELDS if getattr(self, n)}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
@@ -103,17 +130,35 @@ class EnvSpec:
         if not isinstance(d, Mapping):
             raise ValueError(f"env spec must be a dict (EnvSpec.to_dict()), got {type(d).__name__}")
         names = [f for f in cls.__dataclass_fields__]
-        missing = [n for n in names if n not in d and n != "max_step_m"]
+        missing = [n for n in names if n not in d and n not in ("max_step_m", *UNIT_FIELDS)]
         unknown = sorted(set(d) - set(names))
         if missing or unknown:
             raise ValueError(f"env spec dict has missing keys {missing} / unknown keys {unknown}; expected {names}")
-        return cls(**{**d, "cameras": tuple(d["cameras"])})
+        return cls(**{**d, **{n: tuple(d[n]) for n in ("cameras", *UNIT_FIELDS) if n in d}})
 
     def action_repr_dict(self) -> dict[str, Any]:
         """The action description a policy's normalization statistics carry (`NormStats.action_repr`)."""
         out: dict[str, Any] = {"type": self.action_repr, "dim": self.action_dim, "range": [-1, 1],
                                "control_hz": self.control_hz}
+        if self.action_low:
+            out.update(low=list(self.action_low), high=list(self.action_high))
+        if self.action_names:
+            out["names"] = list(self.action_names)
         return {**out, "max_step_m": self.max_step_m} if self.max_step_m else out
+
+    def to_units(self, action: np.ndarray) -> np.ndarray:
+        """(..., A) actions in [-1, 1] -> the data's units (low + (a + 1) / 2 * (high - low)); as is without units."""
+        if not self.action_low:
+            return np.asarray(action, np.float64)
+        lo, hi = np.asarray(self.action_low), np.asarray(self.action_high)
+        return lo + (np.asarray(action, np.float64) + 1.0) / 2.0 * (hi - lo)
+
+    def from_units(self, value: np.ndarray) -> np.ndarray:
+        """Inverse of to_units: (..., A) values in the data's units -> [-1, 1] inside [action_low, action_high]."""
+        if not self.action_low:
+            return np.asarray(value, np.float64)
+        lo, hi = np.asarray(self.action_low), np.asarray(self.action_high)
+        return 2.0 * (np.asarray(value, np.float64) - lo) / (hi - lo) - 1.0
 
     def differences(self, other: "EnvSpec") -> dict[str, tuple[Any, Any]]:
         """field -> (this spec's value, other's) where they differ."""

@@ -91,12 +91,12 @@ class EpisodeStore:
     @classmethod
     def create(cls, path: str | os.PathLike, *, image_shapes: dict[str, tuple[int, int]], state_dim: int,
                action_dim: int, control_hz: float, extra: dict[str, Any] | None = None,
-               aux_dim: int = 0, action_repr: str = "", max_step_m: float = 0.0) -> EpisodeStore:
+               aux_dim: int = 0, action_repr: str = "", max_step_m: float = 0.0, **units: Any) -> EpisodeStore:
         """Create an empty store at `path` (which must not exist or be an empty directory). For an env spec's
-        episodes pass `**StoreSchema.fields_for(spec)`."""
+        episodes pass `**StoreSchema.fields_for(spec)`; `units`: StoreSchema's names and action units."""
         path = Path(path)
         schema = StoreSchema(image_shapes, state_dim, action_dim, control_hz, extra or {}, aux_dim, action_repr,
-                             max_step_m)
+                             max_step_m, **units)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise FileExistsError(f"{path} already exists and is not empty; open an existing store with "
                                   "EpisodeStore.open(path, mode='a') or EpisodeStore.open_or_create, "

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, EnvSpec, Episode
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, UNIT_FIELDS, EnvSpec, Episode
 
 TRANSITION_FIELDS: dict[str, tuple[type, Any]] = {
     "reward": (np.float32, 0.0),
@@ -51,6 +51,14 @@ class StoreSchema:
     """what the actions mean (EnvSpec.action_repr); "" = not recorded (stores written before the env spec, imports)"""
     max_step_m: float = 0.0
     """end-effector displacement of a unit action per step, metres (EnvSpec.max_step_m); 0 = none or not recorded"""
+    state_names: tuple[str, ...] = ()
+    """EnvSpec.state_names: the dataset's name of each state dim; () = unnamed"""
+    action_names: tuple[str, ...] = ()
+    """EnvSpec.action_names: the dataset's name of each action dim; () = unnamed"""
+    action_low: tuple[float, ...] = ()
+    """EnvSpec.action_low: the data's units at a = -1 (stored actions are in [-1, 1]); () = no units"""
+    action_high: tuple[float, ...] = ()
+    """EnvSpec.action_high: the data's units at a = +1"""
 
     @classmethod
     def fields_for(cls, spec: EnvSpec, *, aux_dim: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -58,6 +66,7 @@ class StoreSchema:
         return {"image_shapes": {c: (spec.image_size, spec.image_size) for c in spec.cameras},
                 "state_dim": spec.state_dim, "action_dim": spec.action_dim, "control_hz": spec.control_hz,
                 "action_repr": spec.action_repr, "max_step_m": spec.max_step_m, "aux_dim": aux_dim,
+                **{n: getattr(spec, n) for n in UNIT_FIELDS if getattr(spec, n)},
                 **({"extra": extra} if extra is not None else {})}
 
     @classmethod
@@ -70,14 +79,18 @@ class StoreSchema:
         "normalized" (unknown); cameras of different or non-square sizes have no EnvSpec (ValueError)."""
         sizes = {h for h, w in self.image_shapes.values() if h == w}
         if len(sizes) != 1 or any(h != w for h, w in self.image_shapes.values()):
-            raise ValueError(f"image_shapes {self.image_shapes} are not one square size: no env spec describes them")
+            raise ValueError(f"image_shapes {self.image_shapes} are not one square size: no env spec (and no policy) "
+                             "describes them; import the dataset with dataset.image_size=N to resize to N x N")
         return EnvSpec(self.state_dim, self.action_dim, self.action_repr or "normalized", self.control_hz,
-                       tuple(self.image_shapes), sizes.pop(), self.max_step_m)
+                       tuple(self.image_shapes), sizes.pop(), self.max_step_m,
+                       **{n: getattr(self, n) for n in UNIT_FIELDS})
 
     def __post_init__(self) -> None:
         shapes = {str(k): (int(v[0]), int(v[1])) for k, v in sorted(dict(self.image_shapes).items())}
         object.__setattr__(self, "image_shapes", shapes)
         object.__setattr__(self, "extra", dict(self.extra or {}))
+        for name, kind in (("state_names", str), ("action_names", str), ("action_low", float), ("action_high", float)):
+            object.__setattr__(self, name, tuple(kind(v) for v in getattr(self, name)))
         for cam, (h, w) in shapes.items():
             if not _CAMERA_NAME.match(cam) or h < 1 or w < 1:
                 raise ValueError(f"image_shapes[{cam!r}] = {(h, w)}: camera names use [A-Za-z0-9_.-] "
@@ -90,6 +103,12 @@ class StoreSchema:
             raise ValueError(f"control_hz={self.control_hz} must be > 0")
         if not isinstance(self.action_repr, str) or self.max_step_m < 0:
             raise ValueError(f"action_repr={self.action_repr!r} must be a str and max_step_m={self.max_step_m} >= 0")
+        for name, width in (("state_names", self.state_dim), ("action_names", self.action_dim),
+                            ("action_low", self.action_dim), ("action_high", self.action_dim)):
+            if getattr(self, name) and len(getattr(self, name)) != width:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {width} dims")
+        if bool(self.action_low) != bool(self.action_high):
+            raise ValueError("give action_low and action_high together (the actions' units), or neither")
         try:
             json.dumps(self.extra)
         except TypeError as err:
@@ -101,13 +120,15 @@ class StoreSchema:
                 "aux_dim": self.aux_dim,
                 # only when recorded, so stores without them keep the layout older readers know
                 **({"action_repr": self.action_repr} if self.action_repr else {}),
-                **({"max_step_m": self.max_step_m} if self.max_step_m else {})}
+                **({"max_step_m": self.max_step_m} if self.max_step_m else {}),
+                **{n: list(getattr(self, n)) for n in UNIT_FIELDS if getattr(self, n)}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StoreSchema:
         return cls(image_shapes=d["image_shapes"], state_dim=int(d["state_dim"]), action_dim=int(d["action_dim"]),
                    control_hz=float(d["control_hz"]), extra=d.get("extra") or {}, aux_dim=int(d.get("aux_dim", 0)),
-                   action_repr=str(d.get("action_repr", "")), max_step_m=float(d.get("max_step_m", 0.0)))
+                   action_repr=str(d.get("action_repr", "")), max_step_m=float(d.get("max_step_m", 0.0)),
+                   **{n: tuple(d[n]) for n in UNIT_FIELDS if n in d})
 
     def frame_arrays(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         """frames/ array name -> (shape after the frame axis, dtype); names equal Episode obs keys where shared."""
@@ -123,7 +144,7 @@ class StoreSchema:
 
     def mismatch(self, other: StoreSchema, compare_extra: bool = True) -> str | None:
         """Name the first field where `other` differs from this schema, or None."""
-        for name in ("image_shapes", "state_dim", "aux_dim", "action_dim", "control_hz") + (
+        for name in ("image_shapes", "state_dim", "aux_dim", "action_dim", "control_hz", *UNIT_FIELDS) + (
                 ("extra",) if compare_extra else ()):
             if getattr(self, name) != getattr(other, name):
                 return f"{name}: store has {getattr(self, name)!r}, requested {getattr(other, name)!r}"
