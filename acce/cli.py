@@ -61,11 +61,18 @@ def cmd_collect(args) -> int:
             extra.append(f"collect.{flag}={value}")
     cfg = _load(args, extra)
     c = cfg.collect
-    if args.import_lerobot:  # the store takes the dataset's schema (import_lerobot creates it)
-        from acce.store.lerobot_io import import_lerobot
+    if args.import_lerobot:  # the store takes the dataset's schema, mapped by dataset.* (import_lerobot creates it)
+        from acce.store.lerobot_import import import_lerobot
         before = len(EpisodeStore.open(c.out)) if (Path(c.out) / "zarr.json").is_file() else 0
-        store = import_lerobot(args.import_lerobot, c.out)
+        store = import_lerobot(args.import_lerobot, c.out, config=cfg.dataset)
         print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
+        try:
+            spec = store.schema.env_spec
+            print(f"env spec: state {spec.state_dim}, action {spec.action_dim} ({spec.action_repr}"
+                  f"{', in the data units recorded in the spec' if spec.action_low else ''}), {spec.control_hz:g} Hz, "
+                  f"cameras {list(spec.cameras)} at {spec.image_size} px")
+        except ValueError as err:  # cameras of several sizes: storable, but no policy can be built for them
+            print(f"warning: {err}")
         return 0
     _check_task_names(list(c.tasks))  # before any env or store is made
     probe = make_sim_env(list(c.tasks), 1, image_size=cfg.env.image_size, cameras=cfg.env.cameras)
@@ -187,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-lerobot", dest="export_lerobot", default=None, metavar="DIR",
                    help="after collecting, export the whole store to a LeRobotDataset v3 directory")
     p.add_argument("--import-lerobot", dest="import_lerobot", default=None, metavar="DIR",
-                   help="instead of collecting, append a LeRobotDataset v3 directory to the store")
+                   help="instead of collecting, append a LeRobotDataset v3 directory to the store (keys, image "
+                        "size and action units: dataset.* overrides, docs/robot.md)")
     _add_config_args(p)
     p.set_defaults(fn=cmd_collect)
 

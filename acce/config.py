@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Union
 
 from acce.configlib import ConfigError, load_config
+from acce.data_config import DatasetConfig
 from acce.device import DEVICES
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
@@ -311,6 +312,8 @@ class Config:
     """simulated tasks and observation format"""
     collect: CollectConfig = field(default_factory=CollectConfig)
     """`acce collect`: recording scripted-expert episodes to the episode store"""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    """a LeRobotDataset's keys, image size and action units (`acce collect --import-lerobot`)"""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """the VLA policy network"""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -36,6 +36,22 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     || { echo "[setup] install incomplete" >&2; exit 1; }
   echo "$WANT" > "$STAMP"
 fi
+# System packages: video LeRobotDatasets decode through torchcodec, which loads Debian's FFmpeg 5 shared libraries
+# (image datasets and everything else work without them). Installed when missing and this shell may (root, apt-get);
+# otherwise a note says what to install. Skipped in a second when present.
+FFMPEG_PKGS="libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavdevice59 libavfilter8"
+SHARED_LIBS="$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)"  # not piped: grep -q + pipefail
+if ! grep -qE 'libavutil\.so\.(5[6-9]|60) ' <<< "$SHARED_LIBS"; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "[setup] installing FFmpeg libraries for video datasets: $FFMPEG_PKGS"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        $FFMPEG_PKGS; } > /dev/null 2>&1 \
+      || echo "[setup] warning: could not install $FFMPEG_PKGS; video LeRobotDatasets will not import" >&2
+  else
+    echo "[setup] note: importing video LeRobotDatasets needs FFmpeg libraries: sudo apt-get install -y" \
+      "--no-install-recommends $FFMPEG_PKGS" >&2
+  fi
+fi
 # openpi-client pins numpy<2: the robot-side protocol test runs it from its own environment, as a robot would.
 bash "$ROOT/scripts/setup_openpi.sh"
 )

@@ -3,7 +3,7 @@ sampled as fixed-length sequences (obs_t, a_t, reward_t, success_t, terminated_t
 
 Everything is held in memory as uint8 frames (1,000 reach/push episodes at 64x64 are ~0.5 GB); a store is read with
 one `frames()` call per array and episodes are views into those arrays, so loading costs one pass over the files.
-A LeRobotDataset is read through lerobot's own LeRobotDataset class (acce.store.lerobot_io.import_lerobot) into a
+A LeRobotDataset is read through lerobot's own LeRobotDataset class (acce.store.lerobot_import.import_lerobot) into a
 temporary episode store first, so both formats go through the same validated reader.
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def load_episodes(path: str | os.PathLike) -> tuple[list[EpisodeArrays], dict[st
         episodes, desc = _read_store(EpisodeStore.open(path))
         kind = "zarr"
     elif (path / "meta" / "info.json").is_file():
-        from acce.store.lerobot_io import import_lerobot
+        from acce.store.lerobot_import import import_lerobot
         with tempfile.TemporaryDirectory(prefix="acce-wm-") as tmp:
             episodes, desc = _read_store(import_lerobot(path, Path(tmp) / "episodes.zarr"))
         kind = "lerobot"

@@ -38,5 +38,5 @@ def build_policy(cfg: Config, states: np.ndarray, aux_dim: int | None = None, sp
     torch.manual_seed(cfg.run.seed)
     # the action description a robot bridge reads to execute the actions (type, scale, rate) comes from the spec
     norm = NormStats.from_states(states, action_repr=spec.action_repr_dict())
-    return VLAPolicy(cfg.policy, spec.state_dim, spec.action_dim, norm, cameras=cfg.env.cameras, aux_dim=aux_dim,
+    return VLAPolicy(cfg.policy, spec.state_dim, spec.action_dim, norm, cameras=spec.cameras, aux_dim=aux_dim,
                      privileged_dim=privileged_dim, env_spec=spec)

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from acce.data_config import DatasetConfig
 from acce.store import EpisodeStore, export_lerobot, import_lerobot
 
 # Shared helpers; pytest puts this directory on sys.path (rootdir import mode, no __init__.py in tests/).
@@ -72,7 +73,8 @@ def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
     ds.save_episode()
     ds.finalize()
 
-    store = import_lerobot(tmp_path / "demos", tmp_path / "s.zarr", repo_id="someone/demos")
+    as_is = DatasetConfig(action_norm="none")  # actions already in [-1, 1]: imported unchanged
+    store = import_lerobot(tmp_path / "demos", tmp_path / "s.zarr", repo_id="someone/demos", config=as_is)
     assert store.meta["control_hz"] == 30.0 and store.meta["image_shapes"] == {"top": [12, 10]}
     ep = store[0]
     assert ep.num_steps == 3 and np.array_equal(ep.obs["image/top"], images)
@@ -81,7 +83,7 @@ def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
         "demo", "stack", "someone/demos:0", [-1, -1, -1])
     assert ep.truncated.tolist() == [False, False, True] and not ep.terminated.any()
 
-    # A dataset whose actions are not normalized is rejected and leaves the target store unchanged.
+    # Imported as they are, actions outside [-1, 1] are rejected and leave the target store unchanged.
     ds = LeRobotDataset.create("someone/raw", fps=30, root=tmp_path / "raw", features=features, use_videos=False)
     for scale in (1.0, 5.0):
         for i in range(2):
@@ -89,8 +91,8 @@ def test_import_foreign_lerobot_dataset_as_demos(tmp_path):
                           "action": np.full(2, scale * 0.5, np.float32), "next.done": np.array([False]), "task": "x"})
         ds.save_episode()
     ds.finalize()
-    with pytest.raises(ValueError, match="LeRobot episode 1: .*\\[-1, 1\\]; nothing was imported"):
-        import_lerobot(tmp_path / "raw", tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match="outside \\[-1, 1\\].*dataset.action_norm=minmax"):
+        import_lerobot(tmp_path / "raw", tmp_path / "s.zarr", config=as_is)
     assert len(EpisodeStore.open(tmp_path / "s.zarr")) == 1
 
 
