@@ -8,6 +8,7 @@ A robot file (`acce robot --robot lerobot --robot-config arm.yaml`) has three se
       id: my_arm
       cameras: {front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}
     io:       # robot_bridge.robot.RobotIO: which keys form acce's observation and action, and how [-1, 1] maps
+              # (a policy trained on this arm's LeRobotDataset needs none of it: its env spec has the keys and units)
       cameras: {front: front}
       state_keys: [shoulder_pan.pos, shoulder_lift.pos, elbow_flex.pos, wrist_flex.pos, wrist_roll.pos, gripper.pos]
       action_keys: [shoulder_pan.pos, shoulder_lift.pos, elbow_flex.pos, wrist_flex.pos, wrist_roll.pos, gripper.pos]
@@ -85,11 +86,14 @@ class LeRobotRobot:
         from lerobot.robots.utils import make_robot_from_config
 
         config = robot_config if isinstance(robot_config, RobotConfig) else decode_robot_config(robot_config)
-        self.io = io if isinstance(io, RobotIO) else RobotIO.from_dict(io)
+        self._io_fields = dataclasses.asdict(io) if isinstance(io, RobotIO) else dict(io or {})
+        # state and action keys may come from the served policy's env spec (a policy trained on this arm's dataset)
+        self.io = RobotIO.from_dict(self._io_fields) if {"state_keys", "action_keys"} <= set(self._io_fields) else None
         self._safety = dict(safety or {})
         self.robot = make_robot_from_config(config)
         self.name = f"lerobot:{config.type}"
-        self.io.check_features(self)
+        if self.io is not None:
+            self.io.check_features(self)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LeRobotRobot":
@@ -103,10 +107,10 @@ class LeRobotRobot:
         else:
             import yaml
             data = yaml.safe_load(text)
-        if not isinstance(data, dict) or not {"robot", "io"} <= set(data) or set(data) - {"robot", "io", "safety"}:
-            raise ValueError(f"{path} must have sections 'robot' and 'io' (and optionally 'safety'), got "
+        if not isinstance(data, dict) or "robot" not in data or set(data) - {"robot", "io", "safety"}:
+            raise ValueError(f"{path} must have a section 'robot' (and optionally 'io' and 'safety'), got "
                              f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
-        return cls(data["robot"], data["io"], data.get("safety"))
+        return cls(data["robot"], data.get("io") or {}, data.get("safety"))
 
     # --- the Robot contract: delegated to the lerobot robot --------------------------------------------------
     @property
@@ -142,15 +146,26 @@ class LeRobotRobot:
         self.disconnect()
 
     # --- defaults for the runtime ----------------------------------------------------------------------------
-    def default_io(self, image_size: int = 0) -> RobotIO:
-        if self.io.image_size or not image_size:
-            return self.io
-        return dataclasses.replace(self.io, image_size=image_size)
+    def default_io(self, image_size: int = 0, spec=None) -> RobotIO:
+        """The file's io section; what it leaves out (state_keys, action_keys, units, cameras) comes from the
+        policy's env spec `spec` (RobotIO.for_spec), so a dataset's arm needs only its lerobot section."""
+        io = self.io
+        if io is None:
+            if spec is None:
+                raise ValueError(f"{self.name}: the io section has no state_keys / action_keys and there is no "
+                                 "policy env spec to take them from")
+            fields = dict(self._io_fields)
+            cameras = fields.pop("cameras", None) or {c: c for c in spec.cameras}
+            base = dataclasses.asdict(RobotIO.for_spec(spec, cameras))
+            io = RobotIO.from_dict({**base, **fields})
+        if io.image_size or not image_size:
+            return io
+        return dataclasses.replace(io, image_size=image_size)
 
     def default_safety(self, action_repr: dict[str, Any]):
         """The file's safety section; absolute commands hold every dim (a hold must not jump to mid-range)."""
         from robot_bridge.safety import SafetyConfig
         fields = dict(self._safety)
-        if self.io.action_mode == "absolute":
-            fields.setdefault("hold_keep_dims", list(range(self.io.action_dim)))
+        if self.io is None or self.io.action_mode == "absolute":  # spec-derived io: absolute in the data's units
+            fields.setdefault("hold_keep_dims", list(range(int(action_repr.get("dim") or self.io.action_dim))))
         return SafetyConfig.from_dict(fields)

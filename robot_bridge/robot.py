@@ -11,7 +11,8 @@ mismatch between training and deployment is the most common real-robot failure (
 
 Optional extensions the runtime uses when present (simulated robots have them, real ones do not):
 `reset_episode(seed) -> instruction`, `task_status() -> {"reward", "success", "terminated", "truncated"}`,
-`default_io() -> RobotIO`, `default_safety(action_repr) -> SafetyConfig`, `episode_source` ("real" by default).
+`default_io(image_size, spec) -> RobotIO`, `default_safety(action_repr) -> SafetyConfig`, `episode_source` ("real" by
+default).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from acce.images import resize_square as resize  # the same resize as a dataset import
 from acce.types import IMAGE_PREFIX, STATE_KEY, EnvSpec
 
 ACTION_MODES = ("direct", "absolute", "delta")
@@ -101,6 +103,18 @@ class RobotIO:
         from acce.configlib import dataclass_from_dict
         return dataclass_from_dict(cls, d, "io")
 
+    @classmethod
+    def for_spec(cls, spec: EnvSpec, cameras: dict[str, str], image_size: int = 0) -> "RobotIO":
+        """The mapping a named env spec implies (a policy trained on a robot's dataset): the spec's state and action
+        names are the robot's keys, and with recorded units the actions go out absolute in those units."""
+        if not spec.state_names or not spec.action_names:
+            raise ValueError("the policy's env spec names no state / action features (it was not trained on a "
+                             "robot's dataset): give the robot file's io section state_keys and action_keys")
+        units = ({"action_mode": "absolute", "action_low": spec.action_low, "action_high": spec.action_high}
+                 if spec.action_low else {})
+        return cls(cameras=cameras, state_keys=spec.state_names, action_keys=spec.action_names,
+                   action_repr=spec.action_repr, image_size=image_size, **units)
+
     @property
     def state_dim(self) -> int:
         return len(self.state_keys)
@@ -151,25 +165,24 @@ class RobotIO:
         return np.clip(2.0 * (present - lo) / (hi - lo) - 1.0, -1.0, 1.0).astype(np.float32)
 
 
-def resize(img: np.ndarray, size: int) -> np.ndarray:
-    """(h, w, 3) -> (size, size, 3) uint8, bilinear (PIL). Why not pad like openpi: acce policies are trained on
-    square renders, so the camera should be framed square; a wrong aspect ratio is better visible than hidden."""
-    if img.shape[:2] == (size, size):
-        return img.astype(np.uint8)
-    from PIL import Image
-    return np.asarray(Image.fromarray(img.astype(np.uint8)).resize((size, size), Image.BILINEAR))
-
-
 class MockRobot:
     """A robot without hardware, for unit tests: random images, a state that integrates the commanded deltas,
-    and a log of every action it was sent (with monotonic timestamps)."""
+    and a log of every action it was sent (with monotonic timestamps). Features are named s<i> / a<i> and one camera
+    unless names and cameras are given (a mock of a named arm: `from_spec` of a dataset's spec)."""
 
     name = "mock"
     episode_source = "real"
 
     def __init__(self, *, state_dim: int, action_dim: int, image_size: int = 32, camera: str = "front",
-                 seed: int = 0):
+                 seed: int = 0, cameras: tuple[str, ...] = (), state_names: tuple[str, ...] = (),
+                 action_names: tuple[str, ...] = ()):
         self.state_dim, self.action_dim, self.image_size, self.camera = state_dim, action_dim, image_size, camera
+        self.cameras = tuple(cameras) or (camera,)
+        self.state_names = tuple(state_names) or tuple(f"s{i}" for i in range(state_dim))
+        self.action_names = tuple(action_names) or tuple(f"a{i}" for i in range(action_dim))
+        if len(self.state_names) != state_dim or len(self.action_names) != action_dim:
+            raise ValueError(f"MockRobot: {len(self.state_names)} state / {len(self.action_names)} action names for "
+                             f"{state_dim} / {action_dim} dims")
         self._rng = np.random.default_rng(seed)
         self._connected = False
         self.state = np.zeros(state_dim, np.float64)
@@ -178,19 +191,20 @@ class MockRobot:
 
     @classmethod
     def from_spec(cls, spec: EnvSpec, seed: int = 0) -> "MockRobot":
-        """A mock with the widths and image size of a policy's env spec, showing its first camera."""
+        """A mock with the widths, image size, cameras and dim names of a policy's env spec."""
         return cls(state_dim=spec.state_dim, action_dim=spec.action_dim, image_size=spec.image_size,
-                   camera=spec.cameras[0], seed=seed)
+                   camera=spec.cameras[0], seed=seed, cameras=spec.cameras if spec.action_names else (),
+                   state_names=spec.state_names, action_names=spec.action_names)
 
     @property
     def observation_features(self) -> dict[str, Any]:
-        feats: dict[str, Any] = {self.camera: (self.image_size, self.image_size, 3)}
-        feats.update({f"s{i}": float for i in range(self.state_dim)})
+        feats: dict[str, Any] = {c: (self.image_size, self.image_size, 3) for c in self.cameras}
+        feats.update({n: float for n in self.state_names})
         return feats
 
     @property
     def action_features(self) -> dict[str, Any]:
-        return {f"a{i}": float for i in range(self.action_dim)}
+        return {n: float for n in self.action_names}
 
     @property
     def is_connected(self) -> bool:
@@ -215,15 +229,15 @@ class MockRobot:
 
     def get_observation(self) -> dict[str, Any]:
         self._check()
-        obs: dict[str, Any] = {self.camera: self._rng.integers(0, 256, (self.image_size, self.image_size, 3),
-                                                                np.uint8)}
-        obs.update({f"s{i}": float(v) for i, v in enumerate(self.state)})
+        obs: dict[str, Any] = {c: self._rng.integers(0, 256, (self.image_size, self.image_size, 3), np.uint8)
+                               for c in self.cameras}
+        obs.update({n: float(v) for n, v in zip(self.state_names, self.state)})
         return obs
 
     def send_action(self, action: dict[str, Any]) -> dict[str, Any]:
         import time
         self._check()
-        a = np.asarray([float(action[f"a{i}"]) for i in range(self.action_dim)])
+        a = np.asarray([float(action[n]) for n in self.action_names])
         n = min(3, self.state_dim, self.action_dim)
         self.state[:n] += 0.01 * a[:n]
         self.sent.append((time.monotonic(), dict(action)))
@@ -239,7 +253,11 @@ class MockRobot:
     def __exit__(self, *exc: Any) -> None:
         self.disconnect()
 
-    def default_io(self, image_size: int = 0) -> RobotIO:
-        return RobotIO(cameras={"front": self.camera}, state_keys=tuple(f"s{i}" for i in range(self.state_dim)),
-                       action_keys=tuple(f"a{i}" for i in range(self.action_dim)), action_repr="any",
-                       image_size=image_size)
+    def default_io(self, image_size: int = 0, spec: EnvSpec | None = None) -> RobotIO:
+        """s<i> / a<i> for any policy; a named mock maps its names, in the data's units when the spec has them."""
+        if self.action_names[0] == "a0" and self.state_names[0] == "s0":
+            return RobotIO(cameras={"front": self.camera}, state_keys=self.state_names,
+                           action_keys=self.action_names, action_repr="any", image_size=image_size)
+        return RobotIO.for_spec(spec, {c: c for c in self.cameras}, image_size) if spec is not None else RobotIO(
+            cameras={c: c for c in self.cameras}, state_keys=self.state_names, action_keys=self.action_names,
+            action_repr="any", image_size=image_size)

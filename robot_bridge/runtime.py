@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from acce.stats import wilson_interval
-from acce.types import INSTRUCTION_KEY, STATE_KEY
+from acce.types import INSTRUCTION_KEY, STATE_KEY, EnvSpec
 from robot_bridge.executor import ChunkExecutor, ThreadRequester
 from robot_bridge.protocol import served_env_spec
 from robot_bridge.recording import EpisodeBuilder, RunRecorder, latency_summary, write_latency_file
@@ -75,6 +75,25 @@ class EpisodeResult:
     store_index: int = -1
 
 
+def check_named_features(spec: EnvSpec, io: RobotIO, robot) -> None:
+    """A policy trained on a robot's dataset (a spec with names) runs only on a robot whose features are the
+    spec's: the robot takes exactly the io's action keys and offers its state keys, and actions go out in the
+    spec's units. One ValueError naming both sides."""
+    if not spec.action_names:
+        return
+    name, acts, obs = getattr(robot, "name", robot), list(robot.action_features), robot.observation_features
+    if sorted(acts) != sorted(io.action_keys) or any(k not in obs for k in io.state_keys):
+        raise ValueError(f"the policy's env spec acts on {list(io.action_keys)} and reads state {list(io.state_keys)}, "
+                         f"but robot {name!r} takes actions {acts} and observes {sorted(obs)}: serve a policy "
+                         "trained on this robot's data, or map the keys in the robot file's io section")
+    if spec.action_low and (io.action_mode != "absolute" or (io.action_low, io.action_high) != (
+            spec.action_low, spec.action_high)):
+        raise ValueError(f"the policy's actions are in the dataset's units [{list(spec.action_low)}, "
+                         f"{list(spec.action_high)}] but the robot mapping is {io.action_mode} "
+                         f"[{list(io.action_low)}, {list(io.action_high)}]: drop action_mode / action_low / "
+                         "action_high from the io section so the spec's units are used")
+
+
 class RobotRuntime:
     """Drives one robot with one policy (`RemotePolicy` or `LocalPolicy`); `run()` returns a summary dict."""
 
@@ -95,7 +114,7 @@ class RobotRuntime:
                              "its actions are per-step commands at that rate: drop --control-hz")
         if io is None and not hasattr(robot, "default_io"):
             raise ValueError(f"robot {getattr(robot, 'name', robot)!r} has no default mapping: pass io=RobotIO(...)")
-        self.io = io or robot.default_io(image_size=spec.image_size)
+        self.io = io or robot.default_io(image_size=spec.image_size, spec=spec)
         self._check_compatible()
         self.episodic = hasattr(robot, "reset_episode") and hasattr(robot, "task_status")
         if not self.episodic and not config.max_steps:
@@ -108,7 +127,7 @@ class RobotRuntime:
         if safety.timeout_s <= self.s / self.control_hz:
             raise ValueError(f"safety timeout_s={safety.timeout_s} must exceed the request interval "
                              f"s / control_hz = {self.s / self.control_hz:.3f} s, or the watchdog fires every chunk")
-        self.safety = SafetyEnvelope(safety, self.A, estop_hook)
+        self.safety = SafetyEnvelope(safety, self.A, estop_hook, spec=spec)
         self.recorder: RunRecorder | None = None
         self.executor: ChunkExecutor | None = None
         self.overruns = 0
@@ -130,6 +149,7 @@ class RobotRuntime:
                             f"max_delay = {self.s} + {self.D}")
         if problems:
             raise ValueError("policy and robot do not match: " + "; ".join(problems))
+        check_named_features(spec, io, self.robot)
         self.io.check_features(self.robot)
 
     def estop(self, reason: str = "operator e-stop") -> None:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from acce.types import EnvSpec
+
 logger = logging.getLogger(__name__)
 
 EVENT_KINDS = ("estop", "watchdog", "hold", "nonfinite", "bounds", "rate", "workspace")
@@ -55,6 +57,11 @@ class SafetyConfig:
     """fingertip displacement of an action of magnitude 1 (from the checkpoint's action_repr)"""
     sampled_tolerance: float = 1e-3
     """an executed action further than this from the sampled one marks the step policy_sampled=False"""
+    units: str = "normalized"
+    """what action_low, action_high and max_rate are measured in: "normalized" (the policy's [-1, 1]) or "spec"
+    (the env spec's action units, e.g. a joint dataset's degrees: joint limits and degrees per step, converted with
+    the spec's action_low / action_high). Without bounds a spec in data units still limits every dim to the range
+    the dataset recorded, since [-1, 1] is that range"""
 
     def __post_init__(self) -> None:
         if len(self.action_low) != len(self.action_high):
@@ -65,6 +72,8 @@ class SafetyConfig:
             raise ValueError(f"max_rate {self.max_rate} must be positive (use () for no limit)")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.units not in ("normalized", "spec"):
+            raise ValueError(f"safety units={self.units!r} must be 'normalized' or 'spec'")
         if bool(self.workspace_low) != bool(self.workspace_high):
             raise ValueError("give both workspace_low and workspace_high (or neither)")
         if self.workspace_low:
@@ -97,7 +106,9 @@ class SafetyResult:
 class SafetyEnvelope:
     """Stateful filter for one robot: remembers the last executed action (rate limit, hold) and the e-stop latch."""
 
-    def __init__(self, config: SafetyConfig, action_dim: int, estop_hook: Callable[[], bool] | None = None):
+    def __init__(self, config: SafetyConfig, action_dim: int, estop_hook: Callable[[], bool] | None = None,
+                 spec: EnvSpec | None = None):
+        """spec: the policy's env spec; needed for units="spec" (its action_low / action_high convert the limits)."""
         self.config, self.A = config, int(action_dim)
         c = config
         for name in ("action_low", "action_high", "max_rate"):
@@ -105,9 +116,18 @@ class SafetyEnvelope:
                 raise ValueError(f"safety {name} has {len(getattr(c, name))} dims, the robot's action has {self.A}")
         if any(not 0 <= i < self.A for i in c.hold_keep_dims + (c.tip_action_dims if c.workspace_low else ())):
             raise ValueError(f"safety dims must be in [0, {self.A})")
-        self.low = np.asarray(c.action_low or [-1.0] * self.A, np.float32)
-        self.high = np.asarray(c.action_high or [1.0] * self.A, np.float32)
-        self.rate = np.asarray(c.max_rate, np.float32) if c.max_rate else None
+        low, high = np.asarray(c.action_low or [-1.0] * self.A), np.asarray(c.action_high or [1.0] * self.A)
+        rate = np.asarray(c.max_rate, np.float64) if c.max_rate else None
+        if c.units == "spec":
+            if spec is None or not spec.action_low:
+                raise ValueError("safety units=spec gives limits in the data's units, but the policy's env spec has "
+                                 "none (no action_low / action_high): give them in [-1, 1] with units=normalized")
+            span = np.asarray(spec.action_high) - np.asarray(spec.action_low)
+            low = spec.from_units(low) if c.action_low else low  # joint limits (data units) -> normalized
+            high = spec.from_units(high) if c.action_high else high
+            rate = rate * 2.0 / span if rate is not None else None  # units per step -> normalized per step
+        self.low, self.high = low.astype(np.float32), high.astype(np.float32)
+        self.rate = rate.astype(np.float32) if rate is not None else None
         self.estop_hook = estop_hook
         self.counts = {k: 0 for k in EVENT_KINDS}
         self._estop = threading.Event()

@@ -189,7 +189,7 @@ class SimRobot:
                     self.hold_steps += 1
 
     # --- defaults for the runtime ----------------------------------------------------------------------------
-    def default_io(self, image_size: int = 0) -> RobotIO:
+    def default_io(self, image_size: int = 0, spec=None) -> RobotIO:
         return RobotIO(cameras={c: c for c in self.cameras}, state_keys=STATE_KEYS, action_keys=ACTION_KEYS,
                        action_repr=ACTION_REPR, image_size=image_size)
 
