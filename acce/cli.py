@@ -100,15 +100,22 @@ def cmd_collect(args) -> int:
 
 def cmd_train(args) -> int:
     from acce.train import train
+    extra = [f"dataset.path={json.dumps(args.data)}"] if args.data is not None else []  # quoted: any path is a str
     if args.resume:
         from acce.config import load
         base = Path(args.resume) / "config.yaml"
         if not base.is_file():
             raise FileNotFoundError(f"{args.resume} has no config.yaml; pass the run directory of an acce train run")
         cfg = load(base, list(args.overrides))
+        if extra or cfg.dataset.path:
+            raise ConfigError("--resume continues a simulator run; a --data run is short: start it again")
     else:
-        cfg = _load(args)
-    summary = train(cfg, resume=args.resume, progress=not args.quiet)
+        cfg = _load(args, extra)
+    if cfg.dataset.path:  # a robot's dataset, no simulator: cloning and open-loop evaluation (acce/dataset_train.py)
+        from acce.dataset_train import train_on_dataset
+        summary = train_on_dataset(cfg, progress=not args.quiet)
+    else:
+        summary = train(cfg, resume=args.resume, progress=not args.quiet)
     if args.quiet:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=str))
     return 0
@@ -202,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a policy (the main job: --config configs/default.yaml)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run (same versions, same TensorBoard)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print the summary as JSON")
+    p.add_argument("--data", default=None, metavar="DATASET",
+                   help="learn from a robot's LeRobotDataset v3 (or acce episode store) instead of a simulator: "
+                        "clone it, evaluate open loop on held-out episodes (sets dataset.path; docs/robot.md)")
     _add_config_args(p)
     p.set_defaults(fn=cmd_train)
 

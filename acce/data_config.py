@@ -45,6 +45,9 @@ class DatasetConfig:
     () = the data's per-dim minimum"""
     action_high: tuple[float, ...] = ()
     """minmax: the value at a = +1; () = the data's per-dim maximum"""
+    heldout_fraction: float = 0.1
+    """`acce train --data`: share of the episodes (the last ones recorded; at least one of two or more) kept out of
+    cloning for the open-loop evaluation"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", {str(k): str(v) for k, v in dict(self.cameras or {}).items()})
@@ -56,6 +59,8 @@ class DatasetConfig:
                 lo >= hi for lo, hi in zip(self.action_low, self.action_high)):
             raise ConfigError("dataset.action_low and dataset.action_high need one value per action dim each, with "
                               "low < high")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ConfigError(f"dataset.heldout_fraction={self.heldout_fraction} must be in [0, 1)")
         if self.action_low and self.action_norm == "none":
             raise ConfigError("dataset.action_low/action_high give the range that maps onto [-1, 1]: set "
                               "dataset.action_norm=minmax (or drop the bounds)")
