@@ -68,6 +68,12 @@ def test_train_data_clones_evaluates_open_loop_and_the_checkpoint_drives_the_arm
     assert summary["env_spec"]["action_names"] == list(JOINTS) and summary["env_spec"]["control_hz"] == 30.0
 
     run = tmp_path / "arm"
+    # the world model pretrains on the same episodes (the run's import of the dataset)
+    from worldmodel.cli import load_wm_config
+    from worldmodel.pretrain import pretrain
+    wm = pretrain(run / "demos.zarr", tmp_path / "wm", load_wm_config(None, ["wm.image_size=16"]), 2, progress=False)
+    assert wm["episodes"]["val"] >= 1 and np.isfinite(wm["val_loss_final"]["total"])
+
     out = tmp_path / "robot"
     assert bridge_main(["robot", "--robot", "mock", "--checkpoint", str(run), "--max-steps", "6",
                         "--instruction", "wave", "--out", str(out)]) == 0

@@ -128,16 +128,20 @@ def _clone_and_save(store, path, steps=3):
 
 
 @needs_video
-def test_cloned_policy_drives_a_robot_with_the_same_features_in_the_datasets_units(imported, tmp_path):
-    from robot_bridge.client import LocalPolicy
+def test_cloned_policy_served_drives_a_robot_with_the_same_features_in_the_datasets_units(imported, tmp_path):
+    from robot_bridge.client import RemotePolicy
+    from robot_bridge.host import PolicyHost
     from robot_bridge.robot import MockRobot
     from robot_bridge.runtime import RobotRuntime, RuntimeConfig
+    from robot_bridge.server import PolicyServer, ServeConfig
 
     store, actions = imported
     spec = store.schema.env_spec
-    policy = LocalPolicy(_clone_and_save(store, tmp_path / "ckpt" / "latest.pt"), torch_threads=1)
+    host = PolicyHost(_clone_and_save(store, tmp_path / "ckpt" / "latest.pt"), torch_threads=1)
+    server = PolicyServer(host, ServeConfig(port=0, reload_interval_s=0)).start()  # what `acce serve` runs
+    policy = RemotePolicy(server.url)
     try:
-        served = policy.metadata["env_spec"]  # what `acce serve` advertises
+        served = policy.metadata["env_spec"]  # the spec `acce serve` advertises, names and units included
         assert served["action_names"] == list(JOINTS) and served["action_low"] == list(spec.action_low)
         robot = MockRobot.from_spec(spec)
         with robot:
@@ -160,6 +164,8 @@ def test_cloned_policy_drives_a_robot_with_the_same_features_in_the_datasets_uni
             RobotRuntime(renamed, policy, RuntimeConfig(max_steps=5, instruction="x"), io=io)
     finally:
         policy.close()
+        server.stop()
+        host.close()
 
 
 class _FakeArm(Robot):
