@@ -133,6 +133,10 @@ def resolve(ds: Any, cfg: DatasetConfig, src_dir: Path, actions: np.ndarray) -> 
         state_names, action_names = tuple(sidecar.get("state_names", ())), tuple(sidecar.get("action_names", ()))
     else:
         state_names, action_names = _names(feats[cfg.state_key], state_dim), _names(feats[cfg.action_key], action_dim)
+    if not np.all(np.isfinite(actions)):
+        rows = np.flatnonzero(~np.isfinite(actions).all(1))
+        raise ValueError(f"{src_dir}'s {cfg.action_key!r} has NaN/inf in {rows.size} frame(s) (dataset index "
+                         f"{int(rows[0])} first); clean or drop those episodes before importing")
     norm = cfg.action_norm if cfg.action_norm != "auto" else ("none" if sidecar else "minmax")
     units: dict[str, Any] = {"state_names": state_names, "action_names": action_names}
     if norm == "minmax":
@@ -140,7 +144,7 @@ def resolve(ds: Any, cfg: DatasetConfig, src_dir: Path, actions: np.ndarray) -> 
     else:
         units.update({n: tuple(sidecar.get(n, ())) for n in ("action_low", "action_high")})
         worst = float(np.abs(actions).max(initial=0.0))
-        if worst > 1.0 + 1e-6 or not np.all(np.isfinite(actions)):
+        if worst > 1.0 + 1e-6:
             raise ValueError(f"{src_dir}'s actions reach |a| = {worst:g}, outside [-1, 1], but dataset.action_norm="
                              f"{cfg.action_norm} imports them as they are; set dataset.action_norm=minmax to map "
                              "each dim's range onto [-1, 1]")
