@@ -202,6 +202,10 @@ class RuntimeConfig:
     """CPUs for the embedded Ray cluster (0: all of this machine)"""
     worker_cpus: float = 0.5
     """Ray CPU resource per rollout worker"""
+    worker_resources: dict[str, float] = field(default_factory=dict)
+    """custom Ray resources each rollout worker requests, e.g. {rollout_node: 1} places the workers on the nodes
+    started with `ray start --resources='{"rollout_node": 4}'` (launch/README.md); {} = wherever they fit. CPUs are
+    runtime.worker_cpus, not an entry here"""
     learner_cpus: float = 1.0
     """Ray CPU resource for the learner"""
     device: str = "auto"
@@ -245,6 +249,13 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.learner_gpus < 0 or self.server_gpus < 0:
             raise ConfigError("runtime.learner_gpus and runtime.server_gpus must be >= 0 (fractions of a GPU)")
+        for name, amount in self.worker_resources.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ConfigError(f"runtime.worker_resources: {name!r} is a built-in Ray resource; set CPUs with "
+                                  "runtime.worker_cpus and keep worker_resources for custom ones (e.g. rollout_node)")
+            if not (isinstance(amount, (int, float)) and 0 < amount < float("inf")):
+                raise ConfigError(f"runtime.worker_resources.{name} must be a positive number of units per worker, "
+                                  f"got {amount!r}")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,13 @@ def start_cluster(cfg, imagination_cpus: float) -> tuple[str, float, float]:
                          f"({cfg.rollout.num_workers} workers x runtime.worker_cpus={rt.worker_cpus:g} + "
                          f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g} + imagination "
                          f"{imagination_cpus:g}); lower them or add machines")
+    for name, per_worker in rt.worker_resources.items():  # workers that cannot be placed would wait forever
+        want, have_r = cfg.rollout.num_workers * per_worker, ray.cluster_resources().get(name, 0.0)
+        if have_r < want:
+            raise ConfigError(f"runtime.worker_resources.{name}={per_worker:g} x {cfg.rollout.num_workers} workers "
+                              f"needs {want:g} but the Ray cluster has {have_r:g}; start the rollout nodes with "
+                              f"`ray start --address=HEAD:PORT --resources='{{\"{name}\": {want:g}}}'` and join "
+                              "that cluster with runtime.address (launch/README.md), or lower it")
     learner_gpus, server_gpus = (rt.learner_gpus, rt.server_gpus) if device == "cuda" else (0.0, 0.0)
     have_gpus = ray.cluster_resources().get("GPU", 0.0)
     if learner_gpus + server_gpus > have_gpus:  # an actor that cannot be placed would wait forever

@@ -234,7 +234,8 @@ class RayRuntime:
                                             max_concurrency=2).remote(
             learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, rt.torch_threads,
             self.imagination.batches(self.gate) if self.imagination is not None else None, device)
-        self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, max_concurrency=2).remote(
+        self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, resources=dict(rt.worker_resources),
+                                            max_concurrency=2).remote(
             w, cfg, make_env, make_latency, self.names, TASK_BY_ID)
             for w in range(cfg.rollout.num_workers)]
         self.timeout_s = t

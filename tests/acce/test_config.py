@@ -41,6 +41,8 @@ def test_typos_get_a_hint(override, message):
     ("novalue", "section.key=value"),
     ("policy.max_delay_steps=6", "must cover rollout.execution_horizon"),  # H=8 < s=4 + 6, caught before training
     ("train.stop_at_success=1.5", "must be in \\[0, 1\\]"),
+    ("runtime.worker_resources={CPU: 1}", "runtime.worker_cpus"),
+    ("runtime.worker_resources={rollout_node: 0}", "positive number"),
 ])
 def test_bad_values_fail_with_one_clear_line(override, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -75,6 +77,15 @@ def test_task_params_take_numbers_and_words(tmp_path):
     assert (push.approach, push.max_steps, push.descent_funnel_m) == ("around", 60, 0.04)
     with pytest.raises(ValueError, match="env.task_params.push.max_steps must be a number, got 'long'"):
         task_config_from_params("push", {"max_steps": "long"})
+
+
+def test_worker_resources_are_a_mapping_that_survives_the_saved_config(tmp_path):
+    """runtime.worker_resources reaches Ray as given and a resume (config.yaml) places the workers the same way"""
+    assert load().runtime.worker_resources == {}
+    cfg = load(overrides=["runtime.worker_resources={rollout_node: 1}", "runtime.worker_resources.rack_a=0.5"])
+    assert cfg.runtime.worker_resources == {"rollout_node": 1.0, "rack_a": 0.5}
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load(tmp_path / "config.yaml").runtime.worker_resources == cfg.runtime.worker_resources
 
 
 def test_override_values_are_yaml():
