@@ -1,12 +1,12 @@
 """Task names and ids without importing sim/ (MuJoCo) or metaworld (it imports all 50 task modules).
 
-Ids: the tabletop tasks are their positions in the sorted registry (0..3, sim.tasks.task_id); Meta-World v3 tasks
+Ids: the tabletop tasks are their positions in the sorted registry (0..4, sim.tasks.task_id); Meta-World v3 tasks
 are METAWORLD_TASK_ID_START + their position in the sorted Meta-World list, so the two never collide. Episodes carry
 the id; the curriculum and the per-task training curves turn it back into a name with TASK_BY_ID.
 """
 from __future__ import annotations
 
-KNOWN_TASKS = ("reach", "push", "pick_place", "track")
+KNOWN_TASKS = ("reach", "push", "pick_place", "track", "track_seq")
 """tabletop tasks (sim.tasks.TASKS; a test keeps the two in sync; acce must not import sim)"""
 METAWORLD_PREFIX = "metaworld/"
 METAWORLD_TASKS = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-TASK_NAMES = ("reach", "push", "pick_place", "track")
+TASK_NAMES = ("reach", "push", "pick_place", "track", "track_seq")
 """kept in sync with sim.tasks.TASKS by a test; listed here so registration stays import-light"""
 
 

@@ -119,6 +119,7 @@ class TabletopEnv(gym.Env):
         self.scene.set_finger_command((1.0 - float(action[3])) / 2.0)
         self.task.advance(self.scene, 1.0 / self.control_hz)
         self.scene.step(self.n_substeps)
+        self.task.after_physics(self.scene)
         self.elapsed_steps += 1
         terms = self.task.reward_terms(self.scene)
         reward = float(sum(self.task.reward_weights[k] * v for k, v in terms.items()))

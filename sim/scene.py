@@ -199,6 +199,12 @@ class Scene:
         mid = self.model.body_mocapid[self.model.body(f"ball_{color}").id]
         self.data.mocap_pos[mid] = (xy[0], xy[1], BALL_RADIUS_M)
 
+    def set_ball_visible(self, color: str, visible: bool) -> None:
+        """Show or hide a ball in the rendered images (balls never collide, so physics is unaffected). The model
+        keeps it across `reset`: a task that hides balls sets every ball's visibility in its own reset."""
+        body = self.model.body(f"ball_{color}").id
+        self.model.geom_rgba[self.model.body_geomadr[body], 3] = 1.0 if visible else 0.0
+
     # --- simulation ------------------------------------------------------------------------------------------
     def reset(self) -> None:
         mujoco.mj_resetData(self.model, self.data)

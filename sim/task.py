@@ -75,6 +75,10 @@ class Task(ABC):
     def advance(self, scene: Scene, dt_s: float) -> None:
         """Move whatever moves on its own (dynamic tasks) by one control step, before physics runs."""
 
+    def after_physics(self, scene: Scene) -> None:
+        """Update the task's progress from the stepped scene, before reward and success are read (a sequence task
+        moves on to its next target here), so `reward_terms` and `is_success` stay side-effect free."""
+
     @abstractmethod
     def reward_terms(self, scene: Scene) -> dict[str, float]: ...
 

@@ -6,12 +6,14 @@ from sim.tasks.pick_place import PickPlace
 from sim.tasks.push import Push
 from sim.tasks.reach import Reach
 from sim.tasks.track import Track
+from sim.tasks.track_seq import TrackSeq
 
 TASKS: dict[str, type[Task]] = {
     "reach": Reach,
     "push": Push,
     "pick_place": PickPlace,
     "track": Track,
+    "track_seq": TrackSeq,
 }
 """task name -> Task class; task ids are the index in sorted(TASKS)"""
 

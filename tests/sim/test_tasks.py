@@ -154,6 +154,39 @@ def test_track_ball_moves_and_faster_ball_config(make_env):
     assert moved == pytest.approx(0.03, rel=0.05)  # 0.3 m/s for one 0.1 s control step (chord ~ arc)
 
 
+def test_track_seq_each_touch_shows_the_next_ball_of_the_instruction(make_env):
+    """Drive the fingertip onto the current ball three times (where the ball will be after this step's motion).
+    Each touch pays the touch term once, hides the touched ball and shows the next ball of the instruction's order
+    at least its orbit radius (>= 8 cm) from the fingertip; a step without contact pays none; success and
+    termination come with the third touch only."""
+    from sim.scene import BALL_RADIUS_M
+    env = make_env("track_seq", image_size=32)
+    obs, _ = env.reset(seed=4)
+    task, scene = env.task, env.scene
+    order, instruction = task.order, obs["instruction"]
+    assert sorted(order) == ["blue", "green", "red"]
+    assert instruction.find(order[0]) < instruction.find(order[1]) < instruction.find(order[2])
+
+    def visible(color: str) -> bool:
+        return bool(scene.model.geom_rgba[scene.model.body_geomadr[scene.model.body(f"ball_{color}").id], 3] > 0)
+
+    still = np.array([0.0, 0.0, 0.0, 1.0], np.float32)
+    for k, color in enumerate(order):
+        assert task.target == color and [visible(c) for c in order] == [c == color for c in order]
+        scene.place_gripper(np.array([*task._ball_xy(color, 0.1), BALL_RADIUS_M]), opening01=0.0)
+        scene.forward()
+        _, terminated, truncated, info = env.step_no_render(still)
+        assert info["reward_terms"]["touch"] == 1.0 and not truncated
+        assert terminated == info["success"] == (k == 2)
+        if k < 2:
+            nxt = order[k + 1]
+            assert visible(nxt) and not visible(color) and task.target == nxt
+            gap = np.linalg.norm(scene.ball_pos(nxt)[:2] - scene.tip_pos[:2])
+            assert gap >= max(task.radius[nxt], 0.08) - 1e-6
+            _, terminated, _, info = env.step_no_render(still)
+            assert info["reward_terms"]["touch"] == 0.0 and not terminated and not info["success"]
+
+
 def test_push_reward_pays_for_the_point_behind_the_cube_not_the_cube(make_env):
     """Hand numbers: cube at (0, 0), pad at (0.2, 0) -> push point (-0.03, 0, 0.012); a tip on top of the cube is
     farther from it than a tip behind the cube (distance-to-cube shaping ranked them the other way round)."""
@@ -254,7 +287,7 @@ def test_aux_labels_are_the_named_object_and_goal_and_only_on_request(task, make
     t, scene = env.task, env.scene
     if task == "reach":
         obj = goal = scene.cube_pos(t.target)
-    elif task == "track":
+    elif task in ("track", "track_seq"):  # track_seq: the ball to touch now
         obj = goal = scene.ball_pos(t.target)
     else:  # push, pick_place: the named cube, then the named pad
         obj, goal = scene.cube_pos(t.cube), scene.pad_pos(t.pad)
