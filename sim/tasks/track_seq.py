@@ -6,6 +6,10 @@ counter-clockwise at `ball_speed_mps`, as in `track`, so where it will be follow
 it is touched it vanishes and the next ball of the instruction's order appears across the table from the fingertip
 (at least its orbit radius away), so every touch starts a new reaction to a newly seen, moving target. Success is
 all three touched within the time limit; the reward pays for closing in on the current ball and for each touch.
+
+Why it suits the latency bench (measured, 100 test seeds): the scripted expert executing each action d control steps
+after it computed it succeeds 100 / 92 / 62 / 45 % at d = 0 / 4 / 6 / 8 here, against 100 / 96 / 93 / 76 % on
+`track`, whose episodes end before stale actions add up.
 """
 from __future__ import annotations
 
