@@ -174,6 +174,12 @@ def _check_task_names(tasks: list[str]) -> None:
 
 def cmd_bench(args) -> int:
     from acce.bench import run_bench
+    if args.name == "headline":  # no run: recompute a written bench JSON's headline from its recorded runs
+        from acce.bench.headline import recompute
+        if not args.in_path:
+            raise ValueError("acce bench headline needs --in bench/F.json (a bench delay, wm or rl result)")
+        print(json.dumps(recompute(args.in_path, args.out), indent=2))
+        return 0
     cfg = _load(args)
     run_bench(args.name, cfg, args, args.out)
     return 0
@@ -229,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
-    p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | ppo-reference | serve")
+    p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | ppo-reference | serve; "
+                   "or headline (recompute --in's headline)")
+    p.add_argument("--in", dest="in_path", default=None, help="[headline] a bench delay / wm / rl JSON whose "
+                   "headline and seed-level tables are recomputed from its runs (written back, or to --out)")
     p.add_argument("--seeds", type=int, default=3, help="[delay, wm, rl, ppo-reference] training seeds per cell")
     p.add_argument("--workdir", default=None, help="[delay, wm, rl] keep the runs here (default: a temporary folder); "
                    "finished runs found there are reused")

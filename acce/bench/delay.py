@@ -4,8 +4,11 @@ For each task one behavior-cloning warm start is trained once and shared by ever
 latency, learner and RL seed; the warm start itself is also evaluated at every latency. Then for each seed, latency
 d (control steps) and learner (aware / naive) RL runs from it with the same budget in env steps (robust to a
 shared, noisy machine, unlike a wall-clock budget) and is evaluated on test seeds with held-out paraphrases at that
-latency. Reports success mean over seeds, a 95 % Wilson interval over the pooled episodes, success(d) / success(0)
-per learner, and the aware - naive gap. Finished cells are kept in the workdir, so an interrupted bench resumes.
+latency. Reports success mean over seeds with a 95 % t interval over the per-seed rates (seeds are the independent
+units: the episodes of one seed share its policy and the test layouts, so a Wilson interval over pooled episodes
+would overstate what is known), success(d) / success(0) per learner, the aware - naive gap, and the headline
+(acce/bench/headline.py). Each run records the env steps its learner consumed and its wall-clock from the first
+update (acce/bench/fair.py). Finished cells are kept in the workdir, so an interrupted bench resumes.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from acce.stats import wilson_interval
+from acce.bench.fair import mode_order, run_counts
+from acce.bench.headline import delay_headline
+from acce.stats import seed_interval
 
 
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
@@ -41,8 +44,8 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                 for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
                     warm_rows[f"{task}/d{d}/{mode}"] = row
         for seed in seeds:
-            for d in delays:
-                for aware in ((True,) if d == 0 else (True, False)):
+            for d in delays:  # which learner runs first alternates with the seed (`order` in each run)
+                for order, aware in enumerate((True,) if d == 0 else mode_order(seed, (True, False))):
                     name = f"{task}_s{seed}_d{d}_{'aware' if aware else 'naive'}"
                     summary = root / name / "summary.json"
                     if summary.is_file():  # a finished cell of an interrupted bench is not run again
@@ -55,30 +58,33 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                             f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
                             "bc.episodes=0"])
                         s = Trainer(cfg, progress=False).run()
-                    r = s["eval"][f"{task}/test"]
+                    r, fair = s["eval"][f"{task}/test"], run_counts(s, root / name)
                     # at d = 0 the two learners are the same computation (tested), so one run serves both cells
                     for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
                         cells.setdefault(f"{task}/d{d}/{mode}", []).append(
-                            {"seed": seed, "successes": r["successes"], "n": r["n"], "env_steps": s["env_steps"],
-                             "wall_s": s["wall_s"]})
+                            {"seed": seed, "order": order, "successes": r["successes"], "n": r["n"],
+                             **{k: fair[k] for k in ("counted", "env_steps", "env_steps_produced", "wall_s",
+                                                     "startup_s")}})
                     print(f"[delay] {name}: held-out success {r['success_rate']:.2f}", flush=True)
     table = summarize(cells)
     result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
-              "eval_episodes": eval_episodes, "warm_start": warm_rows, "cells": table, "runs": cells}
+              "eval_episodes": eval_episodes, "warm_start": warm_rows, "cells": table, "runs": cells,
+              "counting": "env_steps: consumed by the learner; wall_s: from the first learner update; "
+                          "budget_env_steps: produced (the stop)"}
+    result["headline"] = delay_headline(result)
     if plot:
         _plot(result, plot)
     return result
 
 
 def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per cell: success mean and std over seeds, pooled Wilson 95 % interval, ratio to the same learner at d = 0,
-    and (for aware cells) the aware - naive gap in points."""
+    """Per cell: success mean, std and 95 % t interval over seeds, episodes, ratio to the same learner at d = 0, and
+    (for aware cells) the aware - naive gap in points."""
     table: dict[str, Any] = {}
     for key, runs in cells.items():
-        k, n = sum(r["successes"] for r in runs), sum(r["n"] for r in runs)
-        rates = [r["successes"] / r["n"] for r in runs]
-        table[key] = {"success_mean": float(np.mean(rates)), "success_seed_std": float(np.std(rates)),
-                      "ci95_pooled": list(wilson_interval(k, n)), "n_episodes": n, "seeds": len(runs)}
+        mean, sd, ci = seed_interval([r["successes"] / r["n"] for r in runs])
+        table[key] = {"success_mean": mean, "success_seed_std": sd, "ci95_seeds": ci,
+                      "n_episodes": sum(r["n"] for r in runs), "seeds": len(runs)}
     for key, row in table.items():
         task, d, mode = key.split("/")
         zero = table.get(f"{task}/d0/{mode}", {}).get("success_mean", 0.0)
@@ -107,8 +113,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
         for mode, style, color in (("aware", "o-", "tab:blue"), ("naive", "s--", "tab:green")):
             rows = [result["cells"][f"{task}/d{d}/{mode}"] for d in delays]
             mean = [r["success_mean"] for r in rows]
-            lo = [r["success_mean"] - r["ci95_pooled"][0] for r in rows]
-            hi = [r["ci95_pooled"][1] - r["success_mean"] for r in rows]
+            lo = [r["success_mean"] - (r["ci95_seeds"] or [r["success_mean"]] * 2)[0] for r in rows]
+            hi = [(r["ci95_seeds"] or [r["success_mean"]] * 2)[1] - r["success_mean"] for r in rows]
             ax.errorbar(delays, mean, yerr=[lo, hi], fmt=style, capsize=3, color=color, label=f"{mode} (after RL)")
             warm = [result.get("warm_start", {}).get(f"{task}/d{d}/{mode}", {}).get("success_rate") for d in delays]
             if all(w is not None for w in warm):

@@ -3,10 +3,12 @@
 Per task (`--tasks`, default the preset's env.tasks one at a time): one deliberately limited behavior-cloning warm
 start (the preset's bc.* — few demonstrations, no DAgger), then, from that same version 0, asynchronous RL for a
 fixed env-step budget over `--seeds` training seeds, and the same budget in sync mode. Which mode runs first
-alternates with the seed (a busy machine must not favour one). Reported (test seeds, held-out paraphrases): version-0
-and final success per seed and their mean; from the validation curves, the env steps and wall-clock each mode needs
-to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget: censored,
-flagged). Finished runs in `--workdir` are reused, so an interrupted bench continues.
+alternates with the seed (a busy machine must not favour one; `order` per run). Reported (test seeds, held-out
+paraphrases): version-0 and final success per seed and their mean with a t interval over seeds; from the validation
+curves, the env steps the learner consumed and the wall-clock from its first update (acce/bench/fair.py) each mode
+needs to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget:
+censored, flagged), and the headline ratio (acce/bench/headline.py). Finished runs in `--workdir` are reused, so an
+interrupted bench continues.
 
 `task_overrides` (`--task-overrides push:bc.episodes=400,bc.steps=1200`) size one task's warm start apart from the
 others: the preset's 100 demonstrations leave push and pick_place at 0 % (their perception needs more), and a warm
@@ -23,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from acce.stats import wilson_interval
+from acce.bench.fair import mode_order, run_counts
+from acce.bench.headline import rl_headline
+from acce.stats import seed_interval, wilson_interval
 
 MODES = ("async", "sync")
 
@@ -52,15 +56,6 @@ def first_reaching(history: list[dict[str, Any]], task: str, target: float) -> t
     return None, None
 
 
-def _seed_interval(rates: list[float]) -> list[float] | None:
-    """Mean ± 1.96 standard errors over training seeds (the seed-level interval), clipped to [0, 1]; None with fewer
-    than two seeds (JSON has no NaN)."""
-    if len(rates) < 2:
-        return None
-    half = 1.96 * float(np.std(rates, ddof=1)) / np.sqrt(len(rates))
-    return [max(0.0, float(np.mean(rates)) - half), min(1.0, float(np.mean(rates)) + half)]
-
-
 def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_steps: int) -> dict[str, Any]:
     """The bench's per-task row (schema in the issue): v0, final, final_sync, per_seed, steps/wall to 90 %."""
     finals = {m: [r["final"] for r in runs.get(m, [])] for m in MODES}
@@ -78,13 +73,15 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
     per_seed = [{"seed": r["seed"], "v0": r["v0"], "final": r["final"],
                  "final_sync": next((s["final"] for s in runs.get("sync", []) if s["seed"] == r["seed"]), None),
                  "n": r["n"], "final_ci95": list(wilson_interval(round(r["final"] * r["n"]), r["n"])),
-                 "env_steps": r["env_steps"], "wall_s": r["wall_s"],
+                 "env_steps": r["env_steps"], "wall_s": r["wall_s"], "startup_s": r.get("startup_s"),
+                 "counted": r.get("counted", "produced"), "order": r.get("order"),
                  "selected_version": (r.get("selected_on_val") or {}).get("version"),
                  "last_version": (r.get("selected_on_val") or {}).get("last_version")} for r in runs["async"]]
     return {"v0": float(np.mean(v0)), "final": float(np.mean(finals["async"])),
             "final_sync": float(np.mean(finals["sync"])) if finals["sync"] else None,
-            "final_seed_ci95": _seed_interval(finals["async"]), "rl_added_points": 100 * float(
-                np.mean(finals["async"]) - np.mean(v0)), "per_seed": per_seed, "target_90pct": target,
+            "final_seed_ci95": seed_interval(finals["async"])[2] if finals["async"] else None,
+            "rl_added_points": 100 * float(np.mean(finals["async"]) - np.mean(v0)), "per_seed": per_seed,
+            "target_90pct": target,
             "steps_to_90pct": steps, "wall_to_90pct_s": walls, "censored_runs": censored,
             "runs_at_target_at_version0": at_v0,
             "async_over_sync_wall": (walls["sync"] / walls["async"]) if walls.get("async") and walls.get("sync")
@@ -108,7 +105,9 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
     base = list(overrides) + [f"run.out_dir={root}"]
     result: dict[str, Any] = {"tasks": {}, "seeds": list(seeds), "budget_env_steps": budget_steps,
-                              "modes": list(modes), "warm_start": {}, "runs": {}}
+                              "modes": list(modes), "warm_start": {}, "runs": {},
+                              "counting": "env_steps: consumed by the learner; wall_s: from the first learner update "
+                                          "(start-up apart as startup_s); budget_env_steps: produced (the stop)"}
     for task in tasks:
         slug = task.replace("/", "_")
         task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
@@ -122,7 +121,7 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
         result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
         runs: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
-            for mode in (modes if seed % 2 == 0 else tuple(reversed(modes))):  # alternate which mode runs first
+            for order, mode in enumerate(mode_order(seed, modes)):  # alternate which mode runs first
                 name = f"{slug}_{mode}_s{seed}"
                 done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
                 if done.is_file():
@@ -132,18 +131,21 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
                         f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
                         "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
                     s = Trainer(cfg, progress=False).run()
-                test = s["test"]
+                test, fair = s["test"], run_counts(s, root / name)
                 runs.setdefault(mode, []).append({
-                    "seed": seed, "v0": test["v0"][task], "final": test["final"][task],
-                    "n": s["eval"][f"{task}/test"]["n"], "env_steps": s["env_steps"], "wall_s": s["wall_s"],
+                    "seed": seed, "order": order, "v0": test["v0"][task], "final": test["final"][task],
+                    "n": s["eval"][f"{task}/test"]["n"], **{k: fair[k] for k in (
+                        "counted", "env_steps", "env_steps_produced", "wall_s", "wall_total_s", "startup_s")},
                     # train.select_on_val: which version "final" is (chosen on validation seeds) and the last one
                     "selected_on_val": test.get("selected_on_val"),
-                    "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s")
-                                 or k == f"eval/success/{task}/val"} for h in s["history"]]})
+                    "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s",
+                                                                     "env_steps_produced")
+                                 or k == f"eval/success/{task}/val"} for h in fair["history"]]})
                 print(f"[rl] {name}: test {test['v0'][task]:.2f} -> {test['final'][task]:.2f} "
-                      f"({s['env_steps']} env steps, {s['wall_s']:.0f} s)", flush=True)
+                      f"({fair['env_steps']} env steps {fair['counted']}, {fair['wall_s']:.0f} s)", flush=True)
         result["tasks"][task] = summarize_task(task, runs, budget_steps)
         result["runs"][task] = runs
+    result["headline"] = rl_headline(result)
     if plot:
         _plot(result, plot)
     return result
@@ -177,8 +179,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{task}: test v0 {row['v0']:.0%} -> {row['final']:.0%}")
-        axes[0][j].set_xlabel("env steps")
-        axes[1][j].set_xlabel("wall-clock (s, RL phase)")
+        axes[0][j].set_xlabel("env steps consumed by the learner")
+        axes[1][j].set_xlabel("wall-clock from the first update (s)")
     axes[0][0].set_ylabel("validation success")
     axes[1][0].set_ylabel("validation success")
     axes[0][0].legend()

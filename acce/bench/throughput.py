@@ -2,12 +2,18 @@
 (b) a long-tail variant where every env step also waits a heavy-tailed wall-clock latency (remote simulators,
 real robots). Reports env steps/s per mode, the async/sync ratio, actor and learner idle fractions, staleness.
 The RL phase only: no behavior-cloning warm start (it does not change throughput), no evaluation.
+Fairness (acce/bench/fair.py): `consumed_env_steps_per_s` counts the env steps the learner consumed between its first
+and last update over the wall-clock between them (actor start-up and the steps still queued at the stop left out),
+and the ratio uses it when the runs report it; which mode runs first alternates from case to case (`order`).
 """
 from __future__ import annotations
 
 import math
 import tempfile
+from pathlib import Path
 from typing import Any
+
+from acce.bench.fair import mode_order, read_timeline
 
 CASES = {
     "default": [],
@@ -79,9 +85,9 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
     out: dict[str, Any] = {"duration_s": duration_s, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         cases = cases or CASES
-        for case, extra in cases.items():
-            row: dict[str, Any] = {"overrides": extra}
-            for mode in ("sync", "async"):
+        for i, (case, extra) in enumerate(cases.items()):
+            row: dict[str, Any] = {"overrides": extra, "order": list(mode_order(i, ("sync", "async")))}
+            for mode in row["order"]:
                 cfg = load(config, list(overrides) + extra + [
                     f"runtime.mode={mode}", f"train.max_wall_s={duration_s}", "train.final_eval=false",
                     "eval.every_versions=0", "bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp}",
@@ -91,10 +97,24 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
                                                    "actor_idle_frac", "learner_idle_frac", "staleness_mean",
                                                    "staleness_max", "inference_rows_per_batch",
                                                    "inference_forward_ms_per_row")}
+                row[mode].update(consumed_rate(read_timeline(Path(tmp) / f"{case}_{mode}")))
                 rows_per_batch = row[mode]["inference_rows_per_batch"] or float("nan")
                 print(f"[throughput] {case}/{mode}: {s['env_steps_per_s']:.0f} env steps/s, "
                       f"{s['learner_version']} learner versions, {rows_per_batch:.2f} decisions per inference batch",
                       flush=True)
-            row["async_over_sync"] = row["async"]["env_steps_per_s"] / max(row["sync"]["env_steps_per_s"], 1e-9)
+            key = "consumed_env_steps_per_s" if all(row[m]["consumed_env_steps_per_s"] for m in ("sync", "async")) \
+                else "env_steps_per_s"
+            row["async_over_sync"] = row["async"][key] / max(row["sync"][key], 1e-9)
+            row["ratio_of"] = key
             out["cases"][case] = row
     return out
+
+
+def consumed_rate(timeline: dict[str, Any] | None) -> dict[str, Any]:
+    """Env steps the learner consumed per second between its first and last update (None without the counts or
+    with fewer than two updates): start-up and the first update's steps, collected during it, are left out."""
+    if timeline is None or not timeline["update_s"] or len(timeline["consumed"]) < 2:
+        return {"consumed_env_steps_per_s": None, "startup_s": None if timeline is None else timeline["startup_s"]}
+    steps = timeline["consumed"][-1][1] - timeline["consumed"][0][1]
+    window = timeline["update_s"][-1] - timeline["update_s"][0]
+    return {"consumed_env_steps_per_s": steps / window if window > 0 else None, "startup_s": timeline["startup_s"]}

@@ -8,7 +8,9 @@ Three arms share one behavior-cloning warm start (version 0) and the same RL bud
 Every arm evaluates on test seeds with held-out paraphrases every eval.every_versions learner versions and stops when every
 task is at or above `target` (train.stop_at_success). Steps-to-target per task is the env-step count of the first
 evaluation at or above the target; a run that never gets there is censored at its budget (reported as None, and
-ratios use the budget as a lower bound, marked `censored`).
+ratios use the budget as a lower bound, marked `censored`). Real env steps are the ones the learner consumed and
+wall-clock runs from its first update (acce/bench/fair.py); the arms take turns going first, seed by seed. The
+headline (acce/bench/headline.py) compares the arms at the success the model-free arm ends at.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from acce.bench.fair import mode_order, run_counts
+from acce.bench.headline import wm_headline
 
 ARMS = ("model_free", "online", "pretrained")
 
@@ -97,8 +102,8 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     arm_overrides = {"model_free": ["imagination.num_workers=0", "imagination.imagined_fraction=0"],
                      "online": [], "pretrained": [f"imagination.wm_init_from={wm_dir}"]}
     runs: dict[str, list[dict[str, Any]]] = {}
-    for arm in arms:
-        for seed in seeds:
+    for seed in seeds:
+        for order, arm in enumerate(mode_order(seed, tuple(arms))):  # each arm goes first in turn
             name = f"{arm}_s{seed}"
             cfg = load(config, base + arm_overrides[arm] + [
                 f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_start}", "bc.steps=0",
@@ -106,8 +111,10 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
                 f"train.stop_at_success={target}", f"eval.episodes_per_task={eval_episodes}"])
             done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
             s = json.loads(done.read_text()) if done.is_file() else Trainer(cfg, progress=False).run()
-            hist = s["history"]
-            row = {"seed": seed, "env_steps": s["env_steps"], "wall_s": s["wall_s"],
+            fair = run_counts(s, root / name)
+            hist = fair["history"]
+            row = {"seed": seed, "order": order, **{k: fair[k] for k in (
+                       "counted", "env_steps", "env_steps_produced", "wall_s", "startup_s")},
                    "imagined_steps": (s["imagination"] or {}).get("imagined_steps", 0),
                    "steps_to_target": {}, "wall_to_target_s": {},
                    "final_success": {t: s["eval"][f"{t}/test"]["success_rate"] for t in tasks},
@@ -117,10 +124,14 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
                 row["steps_to_target"][t], row["wall_to_target_s"][t] = steps_to_target(hist, t, target)
             runs.setdefault(arm, []).append(row)
             print(f"[wm] {name}: steps to {target:.0%} {row['steps_to_target']} in {s['wall_s']:.0f} s", flush=True)
+    runs = {arm: sorted(runs[arm], key=lambda r: r["seed"]) for arm in arms if arm in runs}
     result = {"tasks": tasks, "arms": list(arms), "seeds": list(seeds), "target": target,
               "budget_env_steps": budget_steps, "eval_every_versions": eval_every, "eval_episodes": eval_episodes,
               "offline_episodes": offline_episodes, "pretrain_steps": pretrain_steps,
-              "table": summarize(runs, tasks, budget_steps), "runs": runs}
+              "table": summarize(runs, tasks, budget_steps), "runs": runs,
+              "counting": "env_steps: real steps consumed by the learner; wall_s: from the first learner update; "
+                          "budget_env_steps: produced real steps (the stop)"}
+    result["headline"] = wm_headline(result)
     if plot:
         _plot(result, plot)
     return result
@@ -137,4 +148,4 @@ def _plot(result: dict[str, Any], path: str) -> None:
                 ys = [p.get(f"eval/success/{task}/val", np.nan) for p in r["curve"]]
                 ax.plot(xs, ys, "o-", ms=3, color=colors.get(arm), alpha=0.7, label=arm if k == 0 else None)
         ax.axhline(result["target"], color="k", lw=0.8, ls=":")
-    plot_per_task(result["tasks"], draw, path, "real env steps")
+    plot_per_task(result["tasks"], draw, path, "real env steps consumed by the learner")

@@ -73,6 +73,8 @@ class Learner:
         self.updates = 0
         self.consumed_segments = 0
         self.consumed_env_steps = 0
+        """control steps of the simulator (real) segments used in updates: what benches count, not what actors made"""
+        self.consumed_imagined_steps = 0
         self.ref_policy = None
         """frozen copy of the policy at the first RL update (learner.ref_kl_coef > 0)"""
 
@@ -139,6 +141,7 @@ class Learner:
                 "actor_lr": self.actor_lr, "rl_started": self.rl_started,
                 "updates": self.updates, "ret_stats": list(self.ret_stats),
                 "consumed_segments": self.consumed_segments, "consumed_env_steps": self.consumed_env_steps,
+                "consumed_imagined_steps": self.consumed_imagined_steps,
                 "ref_policy": None if self.ref_policy is None else self.ref_policy.policy_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -151,7 +154,7 @@ class Learner:
         torch.set_rng_state(state["torch_rng"])
         self.ret_stats = list(state.get("ret_stats", [0, 0.0, 0.0]))
         self.actor_lr = float(state.get("actor_lr", self.cfg.lr))
-        for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "updates"):
+        for k in ("excluded_segments", "consumed_segments", "consumed_env_steps", "consumed_imagined_steps", "updates"):
             setattr(self, k, int(state.get(k, 0)))
         ref = state.get("ref_policy")
         self.ref_policy = None if ref is None else self._frozen(ref)
@@ -178,6 +181,20 @@ class Learner:
         self.optimizer.param_groups[0]["lr"] = self.actor_lr  # group 0 is the actor's (or the only one)
 
     # --- update -------------------------------------------------------------------------------------------------
+    def count_consumed(self, segments: Sequence[Segment]) -> dict[str, float]:
+        """Count what an update used (after admit: excluded segments are not counted) and return the totals as
+        metrics; benches read them instead of the env steps actors produced, part of which never reach a learner."""
+        self.consumed_segments += len(segments)
+        for s in segments:
+            steps = int(np.asarray(s.exec_len).sum())
+            if s.source == "imagined":
+                self.consumed_imagined_steps += steps
+            else:
+                self.consumed_env_steps += steps
+        return {"learner/consumed_segments": float(self.consumed_segments),
+                "learner/consumed_env_steps": float(self.consumed_env_steps),
+                "learner/consumed_imagined_steps": float(self.consumed_imagined_steps)}
+
     def admit(self, segments: Sequence[Segment]) -> tuple[list[Segment], dict[str, float]]:
         """Staleness at consumption; segments beyond max_staleness are excluded and counted, never silently."""
         stale = [self.version - int(s.behavior_version.min()) for s in segments]
@@ -316,8 +333,7 @@ class Learner:
                              "loss/grad_norm": grad_norm.item()}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         self.updates += 1
-        self.consumed_segments += len(segments)
-        self.consumed_env_steps += int(data["exec_len"].sum())
+        metrics.update(self.count_consumed(segments))
         metrics.update({k: v / steps for k, v in sums.items()})
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
                         "learner/opt_steps": float(steps),

@@ -197,8 +197,7 @@ class OffPolicyLearner(Learner):
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
         self.updates += 1
-        self.consumed_segments += len(segments)
-        self.consumed_env_steps += int(data["exec_len"].sum())
+        metrics.update(self.count_consumed(segments))
         metrics.update({k: v / counts[k] for k, v in sums.items()})
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
                         "learner/decisions": float(n_new), "learner/return_mean": float(tr["reward"].mean()),

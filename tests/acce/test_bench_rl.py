@@ -96,3 +96,36 @@ def test_rl_bench_refuses_bad_task_overrides_before_any_run(fake_trainer, tmp_pa
 def test_task_overrides_keep_commas_inside_brackets():
     assert rl_bench.parse_task_overrides(["reach:env.tasks=[reach,push],bc.steps=3"], ["reach"]) == {
         "reach": ["env.tasks=[reach,push]", "bc.steps=3"]}
+
+
+def test_rl_bench_counts_consumed_steps_and_times_from_the_first_update(fake_trainer, tmp_path):  # noqa: F811
+    """The runs write TensorBoard events as the trainer does; the bench reads consumed steps and start-up from them.
+    Async: 3,000 steps produced, half consumed, first update 4 s in. Sync: first update 2 s in, 90 % consumed."""
+    from test_bench_fair import write_events
+    events = {"async": [(4, 50, 200), (10, 100, 500), (20, 200, 1000), (30, 300, 1500)],
+              "sync": [(2, 50, 450), (12, 100, 900), (24, 200, 1800), (30, 300, 2700)]}
+
+    def outcome(cfg):
+        if cfg.train.max_versions == 1:
+            return {}
+        mode = cfg.runtime.mode
+        write_events(cfg.run.run_dir, 1e9, events[mode])
+        at200 = events[mode][2][0]  # both reach 0.75 >= 0.9 * 0.8 at version 200 (2,000 steps produced)
+        hist = [{"split": "val", "version": v, "env_steps": p, "wall_s": w, "eval/success/reach/val": r}
+                for v, p, w, r in ((0, 0, 0.0, 0.5), (100, 1000, 11.0, 0.6), (200, 2000, float(at200), 0.75))]
+        return {"env_steps": 3000, "wall_s": 30.0, "history": hist, "eval": {"reach/test": {"n": 100}},
+                "test": {"v0": {"reach": 0.5}, "final": {"reach": 0.8}}}
+    fake_trainer.outcome = staticmethod(outcome)
+    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0,), budget_steps=3000,
+                                workdir=str(tmp_path))
+    row = out["tasks"]["reach"]
+    # consumed at version 200: async 1,000 (not the 2,000 produced), sync 1,800
+    assert row["steps_to_90pct"] == {"async": 1000, "sync": 1800}
+    # wall-clock from the first update: async 20 - 4 = 16 s, sync 24 - 2 = 22 s
+    assert row["wall_to_90pct_s"]["async"] == pytest.approx(16.0, abs=1e-2)
+    assert row["wall_to_90pct_s"]["sync"] == pytest.approx(22.0, abs=1e-2)
+    run = out["runs"]["reach"]["async"][0]
+    assert (run["counted"], run["env_steps"], run["env_steps_produced"], run["order"]) == ("consumed", 1500, 3000, 0)
+    assert run["startup_s"] == pytest.approx(4.0, abs=1e-2) and run["wall_s"] == pytest.approx(26.0, abs=1e-2)
+    assert out["runs"]["reach"]["sync"][0]["order"] == 1
+    assert out["headline"]["async_sync_wall_ratio_default"] == pytest.approx(22.0 / 16.0, rel=1e-3)

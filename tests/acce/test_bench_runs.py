@@ -51,6 +51,10 @@ def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tm
     assert len(fake_trainer.made) - len(rl) == 1  # one warm start for the task
     assert len(rl) == 2 * (1 + 2 * 2)  # per seed: d=0 once (shared by both learners), aware + naive at d=2, 4
     assert all(c.train.max_env_steps == 500 and c.train.max_wall_s == 0 and c.bc.steps == 0 for c in rl)
+    # which learner runs first alternates with the seed: seed 0 aware first, seed 1 naive first
+    assert [(c.run.seed, c.delay.fixed_steps, c.learner.delay_correction) for c in rl if c.delay.fixed_steps == 2] \
+        == [(0, 2, True), (0, 2, False), (1, 2, False), (1, 2, True)]
+    assert [r["order"] for r in out["runs"]["reach/d2/naive"]] == [1, 0]
     assert evaluated == [0, 2, 2, 4, 4]  # the warm start at every latency (d > 0: with aware and naive inputs)
     assert set(out["warm_start"]) == {f"reach/d{d}/{m}" for d in (0, 2, 4) for m in ("aware", "naive")}
     cells = out["cells"]
@@ -62,6 +66,15 @@ def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tm
     assert cells["reach/d4/aware"]["ratio_to_d0"] == pytest.approx(0.65 / 0.85)
     assert cells["reach/d4/aware"]["aware_minus_naive_points"] == pytest.approx(20.0)
     assert cells["reach/d4/aware"]["n_episodes"] == 20
+    # the interval is over the two seeds' rates 0.6, 0.7: sd 0.0707, half 12.706 * 0.0707 / sqrt(2) = 0.635
+    assert cells["reach/d4/aware"]["ci95_seeds"] == pytest.approx([0.65 - 0.6353, 1.0], abs=1e-3)
+    assert "ci95_pooled" not in cells["reach/d4/aware"]
+    # the headline: aware keeps 0.65 / 0.85 at d=4, 20 points over naive; the grid has no d=8
+    h = out["headline"]
+    assert h["keep_d4"] == pytest.approx(0.65 / 0.85) and h["gap_d4_pts"] == pytest.approx(20.0)
+    assert h["keep_d8"] is None and "d=8" in h["reasons"]["keep_d8"]
+    # the fake runs write no events: their counts are the trainer's, and say so
+    assert {r["counted"] for r in out["runs"]["reach/d4/aware"]} == {"produced"}
 
 
 def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
@@ -132,6 +145,10 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
                                 workdir=str(tmp_path))
     assert calls == ["collect", "wm-pretrain"]
     assert len(fake_trainer.made) == 3 * 2 - 1  # no warm start trained (one was given), one run reused
+    # the arms take turns going first: seed 0 model-free first, seed 1 online first (model_free_s1 was reused)
+    assert [c.run.name for c in fake_trainer.made] == ["model_free_s0", "online_s0", "pretrained_s0", "online_s1",
+                                                       "pretrained_s1"]
+    assert [r["order"] for r in out["runs"]["model_free"]] == [0, 2]
     by_arm = {}
     for c in fake_trainer.made:
         by_arm.setdefault(c.run.name.rsplit("_s", 1)[0], []).append(c)
@@ -143,6 +160,11 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path):
     assert t["online/push"]["ratio_model_free_over_this"] == pytest.approx(2.0)
     assert t["pretrained/reach"]["ratio_model_free_over_this"] == pytest.approx(4.0)
     assert not t["pretrained/reach"]["ratio_is_bound"]
+    # headline on the suite's mean success: model-free ends at (0.85 + 0.9) / 2 = 0.875 and gets there at 4,000
+    # steps; online at 2,000, pretrained at 1,000
+    h = out["headline"]
+    assert h["ratio_online"] == pytest.approx(2.0) and h["ratio_pretrained"] == pytest.approx(4.0)
+    assert h["reasons"] == {}
 
 
 def test_throughput_sweep_keeps_the_mean_latency_and_runs_both_modes(fake_trainer, tmp_path):
@@ -158,14 +180,34 @@ def test_throughput_sweep_keeps_the_mean_latency_and_runs_both_modes(fake_traine
     assert list(cases) == ["default", "tail_sigma_0.5", "tail_sigma_1", "tail_sigma_1.5", "tail_sigma_2"]
     out = tp.run_throughput("configs/debug.yaml", [], 2.0, cases)
     runs = [(c.env.step_latency_ms, c.env.step_latency_sigma, c.runtime.mode) for c in fake_trainer.made]
-    assert [m for _, _, m in runs] == ["sync", "async"] * 5
+    # which mode runs first alternates from case to case, and each case records it
+    assert [m for _, _, m in runs] == ["sync", "async", "async", "sync"] * 2 + ["sync", "async"]
+    assert out["cases"]["tail_sigma_0.5"]["order"] == ["async", "sync"]
     for median_ms, sigma, _ in runs[2:]:  # lognormal mean = median * exp(sigma^2 / 2) = the long_tail case's mean
         assert median_ms * math.exp(sigma ** 2 / 2) == pytest.approx(10.0 * math.exp(0.5), rel=1e-4)
     assert runs[4][:2] == (pytest.approx(10.0), 1.0)  # sigma 1 is the long_tail case itself
     assert out["cases"]["tail_sigma_1.5"]["async_over_sync"] == pytest.approx(2.5)
+    assert out["cases"]["default"]["ratio_of"] == "env_steps_per_s"  # no consumed counts in these fake runs
     sync = out["cases"]["default"]["sync"]  # the server's batching passes through; a missing counter is None
     assert sync["inference_rows_per_batch"] == 3.0 and sync["inference_forward_ms_per_row"] is None
     tp.plot_sweep(out, str(tmp_path / "sweep.png"))
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown throughput case 'fast'"):
         tp.resolve_cases("default,fast")
+
+
+def test_throughput_ratio_uses_consumed_steps_after_startup(fake_trainer):
+    """Both modes report 1,000 env steps/s produced; their events say what the learner consumed after start-up:
+    async 3,000 steps between updates 5 s and 15 s in (300/s), sync 1,500 between 2 s and 12 s (150/s)."""
+    import acce.bench.throughput as tp
+    from test_bench_fair import write_events
+    events = {"async": [(5, 10, 1000), (15, 40, 4000)], "sync": [(2, 10, 500), (12, 40, 2000)]}
+
+    def outcome(cfg):
+        write_events(cfg.run.run_dir, 1e9, events[cfg.runtime.mode])
+        return {"env_steps_per_s": 1000.0, "env_steps": 20000, "learner_version": 40, "wall_s": 20.0}
+    fake_trainer.outcome = staticmethod(outcome)
+    row = tp.run_throughput("configs/debug.yaml", [], 20.0, {"default": []})["cases"]["default"]
+    assert row["async"]["consumed_env_steps_per_s"] == pytest.approx(300.0, rel=1e-3)
+    assert row["sync"]["startup_s"] == pytest.approx(2.0, abs=1e-2)
+    assert row["ratio_of"] == "consumed_env_steps_per_s" and row["async_over_sync"] == pytest.approx(2.0, rel=1e-3)

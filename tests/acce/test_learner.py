@@ -77,6 +77,8 @@ def test_stale_segments_are_excluded_and_counted_versions_advance():
     fresh, stale = segment([1, 0, 1, 0], version=4), segment([1, 0, 1, 0], version=3)
     metrics = learner.update([fresh, stale])
     assert learner.excluded_segments == 1 and metrics["staleness/max"] == 2.0
+    # what the benches count: only the admitted segment, 2 decisions x 2 control steps (the stale one never counts)
+    assert metrics["learner/consumed_segments"] == 1 and metrics["learner/consumed_env_steps"] == 4
     assert learner.version == 6  # one optimizer step (epochs * minibatches = 1)
     before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
     learner.update([segment([1, 1, 1, 1], version=6)])

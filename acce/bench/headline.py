@@ -1,0 +1,191 @@
+"""The "headline" object of bench/delay.json, bench/wm.json and bench/rl.json: the figures issue 16's targets name,
+computed from a bench's results. A figure that cannot be computed is None with its reason under `reasons` (never a
+guess). `acce bench headline --in F.json` recomputes it (and the seed-level tables) for a bench JSON already written.
+
+delay: keep_dD = aware success at d = D / aware success at d = 0; gap_dD_pts = aware - naive in points at d = D.
+       The figures are for the bench's first task (the dynamic one); every task's are under per_task.
+wm:    ratio_ARM = real env steps the model-free arm needs to reach its final test success / the steps ARM needs to
+       reach that same success (first validation evaluation at or above it, mean over seeds), on the suite's mean
+       success; per task under per_task.
+rl:    async_sync_wall_ratio_* = sync wall-clock to the stated validation success (90 % of async's final test
+       success, per task) / async's, summed over the benchmarked tasks.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _figure(out: dict[str, Any], key: str, value: float | None, reason: str | None = None) -> None:
+    out[key] = value
+    if value is None:
+        out.setdefault("reasons", {})[key] = reason or "not measured"
+
+
+def _reasons_last(out: dict[str, Any]) -> dict[str, Any]:
+    """The figures first, then `reasons` (always there, empty when every figure was computed)."""
+    reasons = out.pop("reasons", {})
+    return {**out, "reasons": reasons}
+
+
+# --- delay ----------------------------------------------------------------------------------------------------------
+def delay_figures(cells: dict[str, Any], task: str, delays: list[int], at=(4, 8)) -> dict[str, Any]:
+    """keep_dD and gap_dD_pts of one task from the bench's cell table."""
+    out: dict[str, Any] = {}
+    zero = cells.get(f"{task}/d0/aware", {}).get("success_mean")
+    for d in at:
+        aware, naive = cells.get(f"{task}/d{d}/aware"), cells.get(f"{task}/d{d}/naive")
+        missing = f"d={d} is not in the bench's delay grid {list(delays)}"
+        if aware is None:
+            _figure(out, f"keep_d{d}", None, missing)
+        elif not zero:
+            _figure(out, f"keep_d{d}", None, "aware success at d=0 is 0 (or missing): no ratio")
+        else:
+            _figure(out, f"keep_d{d}", aware["success_mean"] / zero)
+        if aware is None or naive is None:
+            _figure(out, f"gap_d{d}_pts", None, missing if aware is None else f"no naive cell at d={d}")
+        else:
+            _figure(out, f"gap_d{d}_pts", 100.0 * (aware["success_mean"] - naive["success_mean"]))
+    return _reasons_last(out)
+
+
+def delay_headline(result: dict[str, Any]) -> dict[str, Any]:
+    tasks, delays = list(result["tasks"]), list(result["delays"])
+    per_task = {t: delay_figures(result["cells"], t, delays) for t in tasks}
+    return _reasons_last({"task": tasks[0], **per_task[tasks[0]], "per_task": per_task,
+                          "definition": "keep_dD = aware success(d=D) / aware success(d=0); gap_dD_pts = aware - "
+                                        "naive in points; success = mean over seeds of held-out test success"})
+
+
+# --- wm -------------------------------------------------------------------------------------------------------------
+def _success(point: dict[str, Any], task: str | None, tasks: list[str]) -> float | None:
+    """Validation success of a curve point: one task's, or the mean over tasks (task None). Older files name the
+    validation split `heldout`."""
+    def one(t):
+        for split in ("val", "heldout"):
+            if f"eval/success/{t}/{split}" in point:
+                return point[f"eval/success/{t}/{split}"]
+        return None
+    vals = [one(t) for t in ([task] if task else tasks)]
+    return None if any(v is None for v in vals) else float(np.mean(vals))
+
+
+def _first_at(curve: list[dict[str, Any]], level: float, task: str | None, tasks: list[str]) -> int | None:
+    for p in curve:
+        s = _success(p, task, tasks)
+        if s is not None and s >= level - 1e-9:
+            return int(p["env_steps"])
+    return None
+
+
+def wm_figures(runs: dict[str, list[dict[str, Any]]], tasks: list[str], task: str | None) -> dict[str, Any]:
+    """ratio_online / ratio_pretrained for one task (or the suite's mean success, task None)."""
+    out: dict[str, Any] = {}
+    mf = runs.get("model_free", [])
+    if not mf:
+        for arm in ("online", "pretrained"):
+            _figure(out, f"ratio_{arm}", None, "no model_free arm in this bench")
+        return _reasons_last(out)
+    final = [np.mean([r["final_success"][t] for t in ([task] if task else tasks)]) for r in mf]
+    level = float(np.mean(final))
+    # the model-free arm is at its final success where its final test evaluation ran (the end of its run), unless
+    # its validation curve got there earlier
+    hits_mf = [_first_at(r["curve"], level, task, tasks) for r in mf]
+    mf_steps = float(np.mean([r["env_steps"] if h is None else h for h, r in zip(hits_mf, mf)]))
+    out.update({"level": level, "steps_model_free": mf_steps})
+    for arm in ("online", "pretrained"):
+        rows = runs.get(arm, [])
+        hits = [_first_at(r["curve"], level, task, tasks) for r in rows]
+        if not rows:
+            _figure(out, f"ratio_{arm}", None, f"the {arm} arm was not run")
+        elif any(h is None for h in hits):
+            missed = sum(h is None for h in hits)
+            _figure(out, f"ratio_{arm}", None, f"{missed}/{len(hits)} {arm} seeds never reached {level:.3f} on "
+                    f"validation within {max(r['env_steps'] for r in rows)} env steps")
+        elif mf_steps == 0:
+            _figure(out, f"ratio_{arm}", None, f"model-free's validation curve is at its final success {level:.3f} "
+                    "at version 0 in every seed (RL did not raise it above the warm start): 0 steps, no ratio")
+        elif np.mean(hits) == 0:
+            _figure(out, f"ratio_{arm}", None, f"every {arm} seed is at {level:.3f} at version 0: 0 steps, no ratio")
+        else:
+            out[f"steps_{arm}"] = float(np.mean(hits))
+            _figure(out, f"ratio_{arm}", mf_steps / float(np.mean(hits)))
+    return _reasons_last(out)
+
+
+def wm_headline(result: dict[str, Any]) -> dict[str, Any]:
+    tasks = list(result["tasks"])
+    suite = wm_figures(result["runs"], tasks, None)
+    return _reasons_last({**suite, "per_task": {t: wm_figures(result["runs"], tasks, t) for t in tasks},
+                          "definition": "ratio_ARM = real env steps model-free needs to reach its final test success "
+                                        "(mean over seeds and tasks) / steps ARM needs to reach it on validation, "
+                                        "mean over seeds"})
+
+
+# --- rl -------------------------------------------------------------------------------------------------------------
+def rl_figure(rows: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(sync / async wall-clock to each task's stated validation success, summed over tasks; reason if None)."""
+    walls = {"async": 0.0, "sync": 0.0}
+    for task, row in rows.items():
+        w, censored = row.get("wall_to_90pct_s", {}), row.get("censored_runs", {})
+        if w.get("async") is None or w.get("sync") is None:
+            return None, f"{task}: a mode has no runs"
+        if any(censored.values()):
+            return None, (f"{task}: runs that never reached {row['target_90pct']:.3f} on validation (async "
+                          f"{censored.get('async', 0)}, sync {censored.get('sync', 0)}): their time is only a bound")
+        walls["async"] += w["async"]
+        walls["sync"] += w["sync"]
+    if walls["async"] <= 0:
+        return None, ("async's time to the stated success is 0: its warm start (version 0) is already there in every "
+                      "run, no ratio")
+    return walls["sync"] / walls["async"], None
+
+
+def rl_headline(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    value, reason = rl_figure(result["tasks"]) if result["tasks"] else (None, "no tasks")
+    _figure(out, "async_sync_wall_ratio_default", value, reason)
+    long_tail = result.get("long_tail_tasks")
+    if long_tail:
+        value, reason = rl_figure(long_tail)
+        _figure(out, "async_sync_wall_ratio_long_tail", value, reason)
+    else:
+        _figure(out, "async_sync_wall_ratio_long_tail", None,
+                "bench rl ran no long-tail step-latency case; bench throughput's long_tail case measures env steps "
+                "per second without evaluating, so it has no time to a success level")
+    out["per_task"] = {t: {"target_val_success": r.get("target_90pct"), "wall_to_target_s": r.get("wall_to_90pct_s")}
+                       for t, r in result["tasks"].items()}
+    out["definition"] = ("sync / async wall-clock (from the first learner update) to 90 % of async's final test "
+                         "success on validation, mean over seeds, summed over tasks")
+    return _reasons_last(out)
+
+
+# --- recomputing a written file -------------------------------------------------------------------------------------
+def recompute(path: str, out: str | None = None) -> dict[str, Any]:
+    """Recompute a bench JSON's headline (and its seed-level tables) from the runs it records; write it back (or to
+    `out`). Returns the headline."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--in {path}: no such file")
+    doc = json.loads(p.read_text())
+    name, result = doc.get("bench"), doc.get("result")
+    if name not in ("delay", "wm", "rl") or not isinstance(result, dict):
+        raise ValueError(f"--in {path}: not a bench delay / wm / rl result (bench={name!r})")
+    if name == "delay":
+        from acce.bench.delay import summarize
+        result["cells"] = summarize(result["runs"])
+        result["headline"] = delay_headline(result)
+    elif name == "wm":
+        result["headline"] = wm_headline(result)
+    else:
+        from acce.bench.rl import summarize_task
+        result["tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"]) for t, runs in result["runs"].items()}
+        result["headline"] = rl_headline(result)
+    target = Path(out) if out else p
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(target)
+    return result["headline"]
