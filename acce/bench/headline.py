@@ -1,5 +1,6 @@
-"""The "headline" object of bench/delay.json, bench/wm.json and bench/rl.json: the figures issue 16's targets name,
-computed from a bench's results. A figure that cannot be computed is None with its reason under `reasons` (never a
+"""The top-level "headline" object of bench/delay.json, bench/wm.json and bench/rl.json: the figures issue 16's
+targets name, computed from a bench's results (the bench function returns it in its result; `run_bench` lifts it to
+the file's top level). A figure that cannot be computed is None with its reason under `reasons` (never a
 guess). `acce bench headline --in F.json` recomputes it (and the seed-level tables) for a bench JSON already written.
 
 delay: keep_dD = aware success at d = D / aware success at d = 0; gap_dD_pts = aware - naive in points at d = D.
@@ -174,18 +175,24 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
     name, result = doc.get("bench"), doc.get("result")
     if name not in ("delay", "wm", "rl") or not isinstance(result, dict):
         raise ValueError(f"--in {path}: not a bench delay / wm / rl result (bench={name!r})")
+    # a file written before the benches counted consumed steps says what its numbers are
+    result.setdefault("counting", "env_steps: produced by actors; wall_s: from the runtime's start (start-up "
+                                  "included); written before acce/bench/fair.py")
+    result.pop("headline", None)
     if name == "delay":
         from acce.bench.delay import summarize
         result["cells"] = summarize(result["runs"])
-        result["headline"] = delay_headline(result)
+        figures = delay_headline(result)
     elif name == "wm":
-        result["headline"] = wm_headline(result)
+        figures = wm_headline(result)
     else:
         from acce.bench.rl import summarize_task
         result["tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"]) for t, runs in result["runs"].items()}
-        result["headline"] = rl_headline(result)
+        figures = rl_headline(result)
+    doc = {"bench": name, "machine": doc.get("machine"), "headline": figures,
+           **{k: v for k, v in doc.items() if k not in ("bench", "machine", "headline")}}
     target = Path(out) if out else p
     tmp = target.with_suffix(target.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2))
     tmp.replace(target)
-    return result["headline"]
+    return figures

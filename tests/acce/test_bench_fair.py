@@ -153,13 +153,24 @@ def test_recompute_rewrites_a_written_delay_file(tmp_path):
         "tasks": ["reach"], "delays": [0, 4], "runs": runs, "cells": {}}}))
     from acce.cli import main
     assert main(["bench", "headline", "--in", str(path)]) == 0
-    result = json.loads(path.read_text())["result"]
+    doc = json.loads(path.read_text())
+    result = doc["result"]
     # aware d4 0.7 / aware d0 0.85; 70 - 40 = 30 points; the cells now carry t intervals over the two seeds
-    assert result["headline"]["keep_d4"] == pytest.approx(0.7 / 0.85)
-    assert result["headline"]["gap_d4_pts"] == pytest.approx(30.0)
+    assert list(doc) == ["bench", "machine", "headline", "result"] and "headline" not in result
+    assert doc["headline"]["keep_d4"] == pytest.approx(0.7 / 0.85)
+    assert doc["headline"]["gap_d4_pts"] == pytest.approx(30.0)
+    assert "written before" in result["counting"]  # an older file says its steps were produced ones
     # rates 0.6, 0.8: sd 0.1414, half = 12.706 * 0.1414 / sqrt(2) = 1.27 -> clipped to [0, 1]
     assert result["cells"]["reach/d4/aware"]["ci95_seeds"] == [0.0, 1.0]
     assert main(["bench", "headline", "--in", str(tmp_path / "nope.json")]) == 2
     path.write_text(json.dumps({"bench": "sim", "result": {}}))
     assert main(["bench", "headline", "--in", str(path)]) == 2
     assert main(["bench", "headline"]) == 2
+
+
+def test_run_bench_puts_the_headline_at_the_files_top_level(monkeypatch, tmp_path):
+    import acce.bench as bench
+    monkeypatch.setitem(bench.BENCHES, "fake", lambda cfg, args: {"cells": {"a": 1}, "headline": {"keep_d4": 0.9}})
+    bench.run_bench("fake", None, None, str(tmp_path / "f.json"))
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert doc["headline"] == {"keep_d4": 0.9} and doc["result"] == {"cells": {"a": 1}}
