@@ -174,3 +174,22 @@ def test_run_bench_puts_the_headline_at_the_files_top_level(monkeypatch, tmp_pat
     bench.run_bench("fake", None, None, str(tmp_path / "f.json"))
     doc = json.loads((tmp_path / "f.json").read_text())
     assert doc["headline"] == {"keep_d4": 0.9} and doc["result"] == {"cells": {"a": 1}}
+
+
+@pytest.mark.slow
+def test_a_real_run_reports_what_its_learner_consumed(tmp_path):
+    """configs/debug.yaml, local async runtime: the counts the benches read back from the run's events are the
+    learner's own (its checkpointed total), at most what the actors produced, and start-up is inside the run."""
+    from acce.checkpoint import load_checkpoint
+    from acce.cli import main
+    assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", "run.name=run",
+                 "runtime.kind=local", "runtime.mode=async", "eval.every_versions=2", "--quiet"]) == 0
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    c = fair.run_counts(summary, run)
+    assert c["counted"] == "consumed" and 0 < c["env_steps"] <= c["env_steps_produced"]
+    assert c["env_steps"] == load_checkpoint(run)["learner"]["consumed_env_steps"]
+    assert 0 <= c["startup_s"] < c["wall_total_s"] and c["wall_s"] == pytest.approx(
+        c["wall_total_s"] - c["startup_s"])
+    val = [h for h in c["history"] if h["split"] == "val"]
+    assert val[0]["env_steps"] == 0 and val[-1]["env_steps"] <= val[-1]["env_steps_produced"]
