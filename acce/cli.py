@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-overrides", dest="task_overrides", action="append", default=None,
                    help="[rl] TASK:KEY=VALUE[,KEY=VALUE...] for one task's warm start and runs, e.g. "
                    "push:bc.episodes=400,bc.steps=1200 (repeat for several tasks)")
+    p.add_argument("--long-tail", dest="long_tail", action="store_true",
+                   help="[rl] also run every seed and mode with bench throughput's long-tail step latency (the "
+                   "headline's async_sync_wall_ratio_long_tail)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")

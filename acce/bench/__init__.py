@@ -55,7 +55,7 @@ def _bench_rl(cfg, args) -> dict:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     return run_rl_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
                         budget_steps=args.budget_steps or 60_000, workdir=args.workdir, plot=args.plot,
-                        task_overrides=args.task_overrides)
+                        task_overrides=args.task_overrides, long_tail=args.long_tail)
 
 
 def _bench_ppo_reference(cfg, args) -> dict:

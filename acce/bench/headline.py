@@ -9,7 +9,7 @@ wm:    ratio_ARM = real env steps the model-free arm needs to reach its final te
        reach that same success (first validation evaluation at or above it, mean over seeds), on the suite's mean
        success; per task under per_task.
 rl:    async_sync_wall_ratio_* = sync wall-clock to the stated validation success (90 % of async's final test
-       success, per task) / async's, summed over the benchmarked tasks.
+       success, per task and case) / async's, summed over the benchmarked tasks; long_tail from `--long-tail` runs.
 """
 from __future__ import annotations
 
@@ -155,10 +155,12 @@ def rl_headline(result: dict[str, Any]) -> dict[str, Any]:
         _figure(out, "async_sync_wall_ratio_long_tail", value, reason)
     else:
         _figure(out, "async_sync_wall_ratio_long_tail", None,
-                "bench rl ran no long-tail step-latency case; bench throughput's long_tail case measures env steps "
-                "per second without evaluating, so it has no time to a success level")
-    out["per_task"] = {t: {"target_val_success": r.get("target_90pct"), "wall_to_target_s": r.get("wall_to_90pct_s")}
-                       for t, r in result["tasks"].items()}
+                "bench rl ran no long-tail step-latency case (--long-tail); bench throughput's long_tail case "
+                "measures env steps per second without evaluating, so it has no time to a success level")
+    for key, rows in (("per_task", result["tasks"]), ("per_task_long_tail", long_tail or {})):
+        if rows:
+            out[key] = {t: {"target_val_success": r.get("target_90pct"), "wall_to_target_s": r.get("wall_to_90pct_s")}
+                        for t, r in rows.items()}
     out["definition"] = ("sync / async wall-clock (from the first learner update) to 90 % of async's final test "
                          "success on validation, mean over seeds, summed over tasks")
     return _reasons_last(out)
@@ -188,6 +190,9 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
     else:
         from acce.bench.rl import summarize_task
         result["tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"]) for t, runs in result["runs"].items()}
+        if result.get("runs_long_tail"):
+            result["long_tail_tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"])
+                                         for t, runs in result["runs_long_tail"].items()}
         figures = rl_headline(result)
     doc = {"bench": name, "machine": doc.get("machine"), "headline": figures,
            **{k: v for k, v in doc.items() if k not in ("bench", "machine", "headline")}}

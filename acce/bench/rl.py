@@ -7,8 +7,9 @@ alternates with the seed (a busy machine must not favour one; `order` per run). 
 paraphrases): version-0 and final success per seed and their mean with a t interval over seeds; from the validation
 curves, the env steps the learner consumed and the wall-clock from its first update (acce/bench/fair.py) each mode
 needs to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget:
-censored, flagged), and the headline ratio (acce/bench/headline.py). Finished runs in `--workdir` are reused, so an
-interrupted bench continues.
+censored, flagged), and the headline ratio (acce/bench/headline.py). `--long-tail` runs every seed and mode again
+with bench throughput's long-tail step latency (`long_tail_tasks`, `runs_long_tail`; the same warm start), for the
+headline's long-tail ratio. Finished runs in `--workdir` are reused, so an interrupted bench continues.
 
 `task_overrides` (`--task-overrides push:bc.episodes=400,bc.steps=1200`) size one task's warm start apart from the
 others: the preset's 100 demonstrations leave push and pick_place at 0 % (their perception needs more), and a warm
@@ -27,9 +28,13 @@ import numpy as np
 
 from acce.bench.fair import mode_order, run_counts
 from acce.bench.headline import rl_headline
+from acce.bench.throughput import CASES as THROUGHPUT_CASES
 from acce.stats import seed_interval, wilson_interval
 
 MODES = ("async", "sync")
+LONG_TAIL = THROUGHPUT_CASES["long_tail"]
+"""`--long-tail`: the same runs again with bench throughput's long_tail step latency (lognormal, median 10 ms,
+sigma 1, every env on its own), for the async / sync time to success when env steps have a heavy tail"""
 
 
 def parse_task_overrides(specs: list[str] | None, tasks: list[str]) -> dict[str, list[str]]:
@@ -90,7 +95,8 @@ def summarize_task(task: str, runs: dict[str, list[dict[str, Any]]], budget_step
 
 def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=(0, 1, 2),
                  budget_steps: int = 60_000, modes=MODES, workdir: str | None = None,
-                 plot: str | None = None, task_overrides: list[str] | None = None) -> dict[str, Any]:
+                 plot: str | None = None, task_overrides: list[str] | None = None,
+                 long_tail: bool = False) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
@@ -104,8 +110,11 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
         load(config, list(overrides) + [f"env.tasks=[{task}]", *items])
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
     base = list(overrides) + [f"run.out_dir={root}"]
+    cases = {"default": [], **({"long_tail": LONG_TAIL} if long_tail else {})}
     result: dict[str, Any] = {"tasks": {}, "seeds": list(seeds), "budget_env_steps": budget_steps,
                               "modes": list(modes), "warm_start": {}, "runs": {},
+                              **({"long_tail_overrides": LONG_TAIL, "long_tail_tasks": {}, "runs_long_tail": {}}
+                                 if long_tail else {}),
                               "counting": "env_steps: consumed by the learner; wall_s: from the first learner update "
                                           "(start-up apart as startup_s); budget_env_steps: produced (the stop)"}
     for task in tasks:
@@ -119,36 +128,47 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
                                               "eval.every_versions=0", "train.select_on_val=false"]),
                     progress=False).run()
         result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for seed in seeds:
-            for order, mode in enumerate(mode_order(seed, modes)):  # alternate which mode runs first
-                name = f"{slug}_{mode}_s{seed}"
-                done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
-                if done.is_file():
-                    s = json.loads(done.read_text())
-                else:
-                    cfg = load(config, task_base + [
-                        f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
-                        "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
-                    s = Trainer(cfg, progress=False).run()
-                test, fair = s["test"], run_counts(s, root / name)
-                runs.setdefault(mode, []).append({
-                    "seed": seed, "order": order, "v0": test["v0"][task], "final": test["final"][task],
-                    "n": s["eval"][f"{task}/test"]["n"], **{k: fair[k] for k in (
-                        "counted", "env_steps", "env_steps_produced", "wall_s", "wall_total_s", "startup_s")},
-                    # train.select_on_val: which version "final" is (chosen on validation seeds) and the last one
-                    "selected_on_val": test.get("selected_on_val"),
-                    "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s",
-                                                                     "env_steps_produced")
-                                 or k == f"eval/success/{task}/val"} for h in fair["history"]]})
-                print(f"[rl] {name}: test {test['v0'][task]:.2f} -> {test['final'][task]:.2f} "
-                      f"({fair['env_steps']} env steps {fair['counted']}, {fair['wall_s']:.0f} s)", flush=True)
-        result["tasks"][task] = summarize_task(task, runs, budget_steps)
-        result["runs"][task] = runs
+        for case, extra in cases.items():
+            runs = _run_case(config, task_base + extra, task, slug if case == "default" else f"{slug}_{case}", warm,
+                             root, seeds, modes, budget_steps)
+            result["tasks" if case == "default" else f"{case}_tasks"][task] = summarize_task(task, runs, budget_steps)
+            result["runs" if case == "default" else f"runs_{case}"][task] = runs
     result["headline"] = rl_headline(result)
     if plot:
         _plot(result, plot)
     return result
+
+
+def _run_case(config, task_base: list[str], task: str, prefix: str, warm: Path, root: Path, seeds, modes,
+              budget_steps: int) -> dict[str, list[dict[str, Any]]]:
+    """Every seed in every mode from the warm start (runs named PREFIX_MODE_sSEED; finished ones are reused)."""
+    from acce.config import load
+    from acce.train import Trainer
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for seed in seeds:
+        for order, mode in enumerate(mode_order(seed, modes)):  # alternate which mode runs first
+            name = f"{prefix}_{mode}_s{seed}"
+            done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
+            if done.is_file():
+                s = json.loads(done.read_text())
+            else:
+                cfg = load(config, task_base + [
+                    f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
+                    "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
+                s = Trainer(cfg, progress=False).run()
+            test, fair = s["test"], run_counts(s, root / name)
+            runs.setdefault(mode, []).append({
+                "seed": seed, "order": order, "v0": test["v0"][task], "final": test["final"][task],
+                "n": s["eval"][f"{task}/test"]["n"], **{k: fair[k] for k in (
+                    "counted", "env_steps", "env_steps_produced", "wall_s", "wall_total_s", "startup_s")},
+                # train.select_on_val: which version "final" is (chosen on validation seeds) and the last one
+                "selected_on_val": test.get("selected_on_val"),
+                "history": [{k: v for k, v in h.items() if k in ("split", "version", "env_steps", "wall_s",
+                                                                 "env_steps_produced")
+                             or k == f"eval/success/{task}/val"} for h in fair["history"]]})
+            print(f"[rl] {name}: test {test['v0'][task]:.2f} -> {test['final'][task]:.2f} "
+                  f"({fair['env_steps']} env steps {fair['counted']}, {fair['wall_s']:.0f} s)", flush=True)
+    return runs
 
 
 def _plot(result: dict[str, Any], path: str) -> None:

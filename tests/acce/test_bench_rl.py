@@ -129,3 +129,31 @@ def test_rl_bench_counts_consumed_steps_and_times_from_the_first_update(fake_tra
     assert run["startup_s"] == pytest.approx(4.0, abs=1e-2) and run["wall_s"] == pytest.approx(26.0, abs=1e-2)
     assert out["runs"]["reach"]["sync"][0]["order"] == 1
     assert out["headline"]["async_sync_wall_ratio_default"] == pytest.approx(22.0 / 16.0, rel=1e-3)
+
+
+def test_rl_bench_long_tail_runs_each_seed_and_mode_again_with_lognormal_latency(fake_trainer, tmp_path):  # noqa: F811
+    """Both modes reach 0.9 * 0.7 = 0.63 at 2,000 env steps. Wall-clock per env step: default async 1/100 s, sync
+    1/50 s -> 20 s vs 40 s (ratio 2); long tail async 1/80 s, sync 1/20 s -> 25 s vs 100 s (ratio 4)."""
+    def outcome(cfg):
+        if cfg.train.max_versions == 1:
+            return {}
+        tail = cfg.env.step_latency_ms > 0
+        rate = {(False, "async"): 100, (False, "sync"): 50, (True, "async"): 80, (True, "sync"): 20}[
+            (tail, cfg.runtime.mode)]
+        hist = [{"split": "val", "version": v, "env_steps": st, "wall_s": st / rate, "eval/success/reach/val": r}
+                for v, st, r in ((0, 0, 0.2), (100, 1000, 0.5), (200, 2000, 0.7))]
+        return {"env_steps": 3000, "wall_s": 3000 / rate, "history": hist, "eval": {"reach/test": {"n": 100}},
+                "test": {"v0": {"reach": 0.2}, "final": {"reach": 0.7}}}
+    fake_trainer.outcome = staticmethod(outcome)
+    out = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0, 1), budget_steps=3000,
+                                workdir=str(tmp_path), long_tail=True)
+    rl = [c for c in fake_trainer.made if c.train.init_from]
+    assert len([c for c in fake_trainer.made if not c.train.init_from]) == 1  # one warm start serves both cases
+    tail = [c for c in rl if c.env.step_latency_ms > 0]
+    assert [c.run.name for c in tail] == ["reach_long_tail_async_s0", "reach_long_tail_sync_s0",
+                                          "reach_long_tail_sync_s1", "reach_long_tail_async_s1"]
+    assert all(c.env.step_latency_ms == 10 and c.env.step_latency_sigma == 1.0 for c in tail) and len(rl) == 8
+    assert out["long_tail_tasks"]["reach"]["wall_to_90pct_s"] == {"async": 25.0, "sync": 100.0}
+    h = out["headline"]
+    assert h["async_sync_wall_ratio_default"] == pytest.approx(2.0)
+    assert h["async_sync_wall_ratio_long_tail"] == pytest.approx(4.0) and h["reasons"] == {}
