@@ -2,7 +2,7 @@
 
 Phases: resolve config -> run dir (config.yaml, tb/, checkpoints/) -> policy (+ BC warm start from scripted demos
 when bc.steps > 0) -> version 0 published to every actor -> async or sync RL until a budget ends, with periodic
-evaluation on test seeds and atomic checkpoints -> final evaluation and a summary table.
+evaluation on validation seeds and atomic checkpoints -> final evaluation and a summary table.
 """
 from __future__ import annotations
 
@@ -62,10 +62,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.staleness: list[tuple[float, float]] = []
         self.curve: list[dict[str, Any]] = []
-        self.final_version: int | None = None
-        """the last learner version of this run (set when the RL loop ends)"""
-        self.selected: dict[str, Any] | None = None
-        """train.select_on_val: {"version", "val_success", "policy"} of the best validation evaluation so far"""
+        self.final_version: int | None = None  # the last learner version of this run (set when the RL loop ends)
+        self.selected: dict[str, Any] | None = None  # select_on_val: the best validation {version, val_success, policy}
         self.job_t0 = time.time()
         self.resume_data = load_checkpoint(self.run_dir) if resume else None
         save_config(cfg, self.run_dir / "config.yaml")
@@ -154,6 +152,7 @@ class Trainer:
         for task, frames in results.pop("videos").items():
             self.metrics.video(f"eval/video/{split}/{task}", frames, version)
         self.history.append({"version": version, "split": split, "env_steps": self.counters["env_steps"],
+                             "env_steps_consumed": self.counters.get("env_steps_consumed", 0),
                              "wall_s": self.counters["wall_s"], **eval_scalars(results)})
         if split == "val" and cfg.train.select_on_val:
             self._consider(policy_state, version, self.history[-1]["eval/success_mean/val"])
@@ -215,9 +214,7 @@ class Trainer:
                 self._count_restarts(restarts0 + stats.get("restarts", 0))
                 version = stats["learner_version"]
                 for upd in out["updates"]:
-                    if "staleness/mean" in upd:
-                        self.staleness.append((upd["staleness/mean"], upd["staleness/max"]))
-                    self.metrics.scalars({k: v for k, v in upd.items()}, int(upd.get("learner/version", version)))
+                    self._record_update(upd, version)
                     bar.update(1)
                 for ep in out["episodes"]:
                     imagined = ep.get("source") == "imagined"
@@ -239,7 +236,7 @@ class Trainer:
                     break
             tail = runtime.stop()
             for upd in tail["updates"]:
-                self.metrics.scalars(upd, int(upd.get("learner/version", 0)))
+                self._record_update(upd, 0)
             for ep in tail["episodes"]:
                 imagined = ep.get("source") == "imagined"
                 self.counters["imagined_episodes" if imagined else "episodes"] += 1
@@ -363,10 +360,18 @@ class Trainer:
             out["rl_added"] = _delta(rows[0], rows[-1], tasks)
         return out
 
+    def _record_update(self, upd: dict, version: int) -> None:
+        if "staleness/mean" in upd:
+            self.staleness.append((upd["staleness/mean"], upd["staleness/max"]))
+        if "learner/consumed_env_steps" in upd:  # the learner's running total (checkpointed, so it survives resume)
+            self.counters["env_steps_consumed"] = int(upd["learner/consumed_env_steps"])
+        self.metrics.scalars(upd, int(upd.get("learner/version", version)))
+
     def _summary(self, results, stats) -> dict[str, Any]:
         wall = self.counters["wall_s"]
         return {"learner_version": stats["learner_version"], "env_steps": self.counters["env_steps"],
-                "wall_s": wall, "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
+                "env_steps_consumed": self.counters.get("env_steps_consumed", 0), "wall_s": wall,
+                "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
                 "actor_idle_frac": stats.get("actor_idle_frac"), "learner_idle_frac": stats.get("learner_idle_frac"),
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,

@@ -189,6 +189,9 @@ def test_a_real_run_reports_what_its_learner_consumed(tmp_path):
     c = fair.run_counts(summary, run)
     assert c["counted"] == "consumed" and 0 < c["env_steps"] <= c["env_steps_produced"]
     assert c["env_steps"] == load_checkpoint(run)["learner"]["consumed_env_steps"]
+    assert summary["env_steps_consumed"] == c["env_steps"]  # the trainer's own record agrees with the events
+    consumed = [h["env_steps_consumed"] for h in summary["history"]]
+    assert consumed == sorted(consumed) and consumed[-1] <= summary["env_steps_consumed"]
     assert 0 <= c["startup_s"] < c["wall_total_s"] and c["wall_s"] == pytest.approx(
         c["wall_total_s"] - c["startup_s"])
     val = [h for h in c["history"] if h["split"] == "val"]
