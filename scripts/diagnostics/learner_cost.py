@@ -36,6 +36,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     from acce.config import load
+    from acce.machine import machine_info
     from acce.runtime.learner import Learner, collate
     from acce.runtime.local import LocalRuntime
     from acce.warmstart import build_policy, env_states
@@ -75,7 +76,8 @@ def main() -> None:
     env_steps = int(data["exec_len"].sum())
     result = {"config": args.config, "overrides": args.overrides, "decisions": len(data["chunk"]),
               "env_steps_per_update": env_steps, "optimizer_steps_per_update": cfg.learner.steps_per_update,
-              **parts, "learner_env_steps_per_s_one_core": env_steps / parts["update_s"]}
+              **parts, "learner_env_steps_per_s_one_core": env_steps / parts["update_s"],
+              "headline": {"learner_ms_per_env_step": 1000.0 * parts["update_s"] / env_steps}, **machine_info()}
     runtime.shutdown()
     print(json.dumps(result, indent=2))
     if args.out:
