@@ -383,6 +383,10 @@ class Segment:
     env_index: int = 0
     created_s: float = 0.0
     """wall-clock time the segment was completed (queue wait is measured from here)"""
+    frozen_features: dict[str, np.ndarray] | None = None
+    """(T, F) float32 per acce.policy.frozen.FROZEN_KEYS key: trunk outputs the server shipped (None: not shipped)"""
+    frozen_stamp: str = ""
+    """frozen_stamp of the weights that computed frozen_features; a learner whose own differs recomputes them"""
 
     def __len__(self) -> int:
         return int(self.chunk.shape[0])
@@ -393,5 +397,6 @@ class Segment:
 
     @property
     def nbytes(self) -> int:
-        arrays = [*self.obs.values(), self.prefix, self.chunk, self.exec_mask, self.behavior_logp_pos]
+        arrays = [*self.obs.values(), self.prefix, self.chunk, self.exec_mask, self.behavior_logp_pos,
+                  *(self.frozen_features or {}).values()]
         return int(sum(a.nbytes for a in arrays))

@@ -262,9 +262,16 @@ class VLAPolicy(nn.Module):
         if return_aux and aux is None:  # aux_from == "trunk"
             aux = self.aux_head((hidden if layers == -1 else trunk_out.hidden_states[
                 layers + 1 if layers >= 0 else layers])[:, query])
-        return {"h_action": hidden[:, query], "h_value": hidden[:, query + 1],
-                "state": (x[STATE_KEY] - self.state_mean) / self.state_std, "lang": x[LANG_KEY],
-                "privileged": x.get(AUX_KEY), "prefix": x.get(PREFIX_KEY), "delay": x.get(DELAY_KEY), "aux": aux}
+        return self._with_inputs(x, {"h_action": hidden[:, query], "h_value": hidden[:, query + 1], "aux": aux})
+
+    def _with_inputs(self, x: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
+        return {**frozen, "state": (x[STATE_KEY] - self.state_mean) / self.state_std, "lang": x[LANG_KEY],
+                "privileged": x.get(AUX_KEY), "prefix": x.get(PREFIX_KEY), "delay": x.get(DELAY_KEY)}
+
+    def features_from(self, batch: Mapping[str, Any], frozen: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """features(batch) with the trunk outputs (acce.policy.frozen.FROZEN_KEYS) given instead of computed: what
+        a learner does with the features the inference server shipped (no vision, no trunk)."""
+        return self._with_inputs(self._inputs(batch), {"aux": None, **frozen})
 
     def heads(self, f: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """features(batch) (or rows of it) -> (mean (B, H, A), log_std (H, A) clamped, value (B,))."""
@@ -284,18 +291,20 @@ class VLAPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, batch: Mapping[str, Any], deterministic: bool = False,
-            generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+            generator: torch.Generator | None = None, return_features: bool = False) -> dict[str, Any]:
         """Sample a chunk. Returns chunk (B, H, A) raw Gaussian sample (clip to [-1, 1] only when executing), mean,
         value (B,), log_std (H, A) and logp_steps (B, H): per-position log-density, so the actor can sum exactly the
-        executed span once it is known."""
-        mean, log_std, value = self(batch)
+        executed span once it is known. return_features: also "features", the features(batch) the heads read."""
+        feats = self.features(batch)
+        mean, log_std, value = self.heads(feats)
         if deterministic:
             chunk = mean.clone()
         else:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             chunk = mean + log_std.exp() * noise
         return {"chunk": chunk, "mean": mean, "value": value, "log_std": log_std,
-                "logp_steps": self.log_prob_steps(mean, log_std, chunk)}
+                "logp_steps": self.log_prob_steps(mean, log_std, chunk), **({"features": feats} if return_features
+                                                                            else {})}
 
     def evaluate(self, batch: Mapping[str, Any], chunk: torch.Tensor, mask: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,11 +17,13 @@ import torch
 from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gaussian_kl, gipo_loss, value_loss
 from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
+from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_stamp, stack_shipped
 from acce.types import AUX_KEY, INSTRUCTION_KEY, TASK_ID_KEY, Segment
 
 
-def collate(segments: Sequence[Segment]) -> dict[str, Any]:
-    """B segments of T decisions -> flat (B*T) policy inputs + (B, T) credit arrays + bootstrap rows."""
+def collate(segments: Sequence[Segment], frozen_stamp: str | None = None) -> dict[str, Any]:
+    """B segments of T decisions -> flat (B*T) policy inputs + (B, T) credit arrays + bootstrap rows; "shipped":
+    the rows' frozen features shipped under `frozen_stamp` and the mask of rows that have them."""
     b, t = len(segments), len(segments[0])
     if any(len(s) != t for s in segments):
         raise ValueError("segments in one batch must have the same length")
@@ -44,7 +46,7 @@ def collate(segments: Sequence[Segment]) -> dict[str, Any]:
             "behavior_value": stack("behavior_value"), "reward": stack("reward"), "discount": stack("discount"),
             "episode_end": stack("terminated") | stack("truncated"), "next_index": next_index,
             "behavior_version": stack("behavior_version"), "exec_len": stack("exec_len"),
-            "delay_steps": stack("delay_steps")}
+            "delay_steps": stack("delay_steps"), "shipped": stack_shipped(segments, frozen_stamp)}
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
@@ -91,8 +93,7 @@ class Learner:
         ref.requires_grad_(False)
         return ref
 
-    RL_SCOPE_PREFIXES = ("residual.", "log_std", "value_head.")
-    """what learner.train_scope=residual trains: the RL residual, the exploration noise and the critic"""
+    RL_SCOPE_PREFIXES = RL_SCOPE_PREFIXES
 
     def start_rl(self) -> None:
         """Before the first RL update (and on resuming one): apply learner.train_scope. 'residual' freezes every
@@ -212,7 +213,8 @@ class Learner:
         self.policy.eval()
         mask = torch.as_tensor(data["mask"], device=dev)
         inputs = self.policy.with_lang(data["inputs"])
-        feats = self.policy.features(inputs)  # (cached for every minibatch when only the heads train)
+        # (cached for every minibatch when only the heads train; rows with shipped frozen features skip the trunk)
+        feats = features_with_shipped(self.policy, inputs, *data["shipped"])
         mean, log_std, values = self.policy.heads(feats)
         logp_prox = self.policy.log_prob(mean, log_std, torch.as_tensor(data["chunk"], device=dev), mask)
         cached = {}
@@ -273,7 +275,8 @@ class Learner:
         self.start_rl()
         if cfg.ref_kl_coef > 0:
             self.anchor_reference()
-        data = collate(segments)
+        # residual scope: reuse the features actors shipped from these very frozen weights (acce.policy.frozen)
+        data = collate(segments, frozen_stamp(self.policy) if cfg.train_scope == "residual" else None)
         tg = self._targets(data)
         adv = tg["adv"]
         if cfg.normalize_advantages and adv.numel() > 1:
@@ -336,7 +339,8 @@ class Learner:
         metrics.update(self.count_consumed(segments))
         metrics.update({k: v / steps for k, v in sums.items()})
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
-                        "learner/opt_steps": float(steps),
+                        "learner/opt_steps": float(steps), "learner/shipped_features_frac":
+                        float(data["shipped"][1].mean()),
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),
                         "learner/value_scale": self.value_stats()[1],

@@ -31,7 +31,8 @@ class LocalRuntime:
         server_policy = place(VLAPolicy.from_state(learner.policy.policy_state()), learner.policy.device,
                               learner.policy.amp)
         self.server = InferenceServer(server_policy, max_batch=cfg.runtime.max_batch,
-                                      timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7)
+                                      timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7,
+                                      ship_features=lc.train_scope == "residual")
         self.weights = WeightStore()
         self.sync = cfg.runtime.mode == "sync"
         self.imagination = LocalImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency) \

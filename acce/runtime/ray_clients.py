@@ -21,13 +21,15 @@ def set_torch_threads(n: int) -> None:
 @ray.remote
 class ServerActor:
     def __init__(self, policy_state: dict, max_batch: int, timeout_ms: float, seed: int, threads: int,
-                 device: str = "cpu", amp: bool = False):
-        """device: 'cpu' or 'cuda' (acce.device.role_device), resolved here, where the actor runs."""
+                 device: str = "cpu", amp: bool = False, ship_features: bool = False):
+        """device: 'cpu' or 'cuda' (acce.device.role_device), resolved here, where the actor runs; ship_features:
+        InferenceServer's (learner.train_scope=residual)."""
         from acce.device import place, resolve_device
         from acce.policy.vla import VLAPolicy
         set_torch_threads(threads)
         policy = place(VLAPolicy.from_state(policy_state), resolve_device(device), amp)
-        self.server = InferenceServer(policy, max_batch=max_batch, timeout_ms=timeout_ms, seed=seed)
+        self.server = InferenceServer(policy, max_batch=max_batch, timeout_ms=timeout_ms, seed=seed,
+                                      ship_features=ship_features)
         self.server.start()
 
     def infer(self, batch: dict) -> dict:

@@ -220,7 +220,8 @@ class RayRuntime:
         self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate")}
         self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"],
                                           max_concurrency=max(64, 2 * total_envs)).remote(
-            policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device, rt.amp)
+            policy_state, rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device, rt.amp,
+            lc.train_scope == "residual")
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls = SyncGate if self.sync else StalenessGate
         gate_args = ((total_envs,) if self.sync else

@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from acce.policy.frozen import SHIPPED_PREFIX
 from acce.serving.timeline import Decision, DecisionInput, EnvTimeline, stack_inputs
 from acce.types import TASK_ID_KEY, LatencyModel, Segment, batch_row
 
@@ -221,13 +222,16 @@ class RolloutWorker:
         if hasattr(self.latency, "observe"):
             self.latency.observe(elapsed)
         now = self.clock()
+        shipped = {key[len(SHIPPED_PREFIX):]: v for key, v in result.items() if key.startswith(SHIPPED_PREFIX)}
         for k, (i, (inp, d)) in enumerate(zip(go, inputs)):
             tl = self.timelines[i]
             tl.add_decision(Decision(inp=inp, chunk=np.asarray(result["chunk"][k], np.float32),
                                      logp_pos=np.asarray(result["logp_pos"][k], np.float32),
                                      value=float(result["value"][k]), version=int(result["version"]), t=tl.t,
                                      delay_steps=d, episode_id=tl.episode_id, timestamp_s=now,
-                                     wm_version=int(getattr(self.env, "wm_version", -1))))
+                                     wm_version=int(getattr(self.env, "wm_version", -1)),
+                                     features={key: np.asarray(v[k], np.float32) for key, v in shipped.items()}
+                                     if shipped else None, frozen_stamp=str(result.get("frozen_stamp", ""))))
         self.stats["decisions"] += len(go)
 
     # --- the loop ---------------------------------------------------------------------------------------------

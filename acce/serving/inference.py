@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from acce.policy.frozen import frozen_stamp, is_frozen, shipped
 from acce.types import INSTRUCTION_KEY
 
 
@@ -37,7 +38,9 @@ class InferenceServer:
     The policy runs where its owner placed it (acce.device.place: device and mixed precision)."""
 
     def __init__(self, policy, *, max_batch: int = 64, timeout_ms: float = 2.0, seed: int = 0,
-                 deterministic: bool = False, name: str = "server"):
+                 deterministic: bool = False, name: str = "server", ship_features: bool = False):
+        """ship_features: every result also carries the rows' frozen features ('frozen/KEY') and the policy's
+        'frozen_stamp' (acce.policy.frozen; learner.train_scope=residual, whose learner then skips vision + trunk)."""
         import torch
 
         self.policy = policy.eval()
@@ -52,6 +55,9 @@ class InferenceServer:
         self._stage_lock = threading.Lock()
         """guards _staged and _version"""
         self._staged: tuple[int, Any] | None = None
+        self.ship_features = bool(ship_features)
+        self._stamp: str | None = None
+        """frozen_stamp of the policy, computed when first needed and again after a swap that changed a frozen tensor"""
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -84,7 +90,12 @@ class InferenceServer:
 
         version, state = self._staged
         t0 = time.perf_counter()
-        self.policy.load_trainable({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, allow_subset=True)
+        state = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+        if self.ship_features and self._stamp is not None:
+            current = self.policy.state_dict()
+            if any(is_frozen(k) and not torch.equal(v, current[k].cpu()) for k, v in state.items() if k in current):
+                self._stamp = None  # (published buffers are usually unchanged: no rehash for them)
+        self.policy.load_trainable(state, allow_subset=True)
         self._version, self._staged = version, None
         ms = (time.perf_counter() - t0) * 1000.0
         self.stats["swaps"] += 1
@@ -101,14 +112,19 @@ class InferenceServer:
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = self.policy.act(self.policy.with_lang(batch), deterministic=self.deterministic,
-                                      generator=self.generator)
+                                      generator=self.generator, return_features=self.ship_features)
+                extra = {}
+                if self.ship_features:
+                    if self._stamp is None:
+                        self._stamp = frozen_stamp(self.policy)
+                    extra = {**shipped(out["features"]), "frozen_stamp": self._stamp}
             self.stats["forward_s"] += time.perf_counter() - t0
             self.stats["batches"] += 1
             self.stats["rows"] += _rows(batch)
             # results leave as CPU numpy whatever the device: workers, segments and robots hold numpy
             return {"chunk": out["chunk"].cpu().numpy(), "mean": out["mean"].cpu().numpy(),
                     "value": out["value"].cpu().numpy(), "logp_pos": out["logp_steps"].cpu().numpy(),
-                    "version": self._version}
+                    "version": self._version, **extra}
 
     def submit(self, batch: Mapping[str, Any]) -> Future:
         """Queue a request for dynamic batching; the future resolves to the same dict as `infer`."""

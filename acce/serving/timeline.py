@@ -54,6 +54,9 @@ class Decision:
     success: bool = False
     next_inp: DecisionInput | None = None
     sampled: list[bool] = field(default_factory=list)
+    features: dict[str, np.ndarray] | None = None
+    """this row's frozen features (acce.policy.frozen.FROZEN_KEYS) when the server shipped them"""
+    frozen_stamp: str = ""
 
 
 class EnvTimeline:
@@ -223,6 +226,9 @@ def build_segment(decisions: list[Decision], chunk_len: int, gamma: float, *, so
     terminated = np.array([d.terminated for d in decisions])
     exec_len = np.array([d.exec_len for d in decisions], np.int32)
     obs = {k: v for k, v in stacked.items() if k not in (INSTRUCTION_KEY, TASK_ID_KEY, "prefix", "delay_steps")}
+    stamp = decisions[0].frozen_stamp  # shipped only if every decision has features from the same frozen weights
+    ship = decisions[0].features is not None and all(d.features is not None and d.frozen_stamp == stamp
+                                                     for d in decisions)
     return Segment(
         obs=obs, instruction=stacked[INSTRUCTION_KEY], task_id=stacked[TASK_ID_KEY], prefix=stacked["prefix"],
         delay_steps=np.array([d.delay_steps for d in decisions], np.int32),
@@ -238,4 +244,6 @@ def build_segment(decisions: list[Decision], chunk_len: int, gamma: float, *, so
         episode_id=np.array([d.episode_id for d in decisions], np.int64),
         env_step=np.array([d.t for d in decisions], np.int64),
         timestamp_s=np.array([d.timestamp_s for d in decisions], np.float64), worker_id=worker_id,
-        env_index=env_index, created_s=created_s)
+        env_index=env_index, created_s=created_s, frozen_stamp=stamp if ship else "",
+        frozen_features={k: np.stack([d.features[k] for d in decisions]) for k in decisions[0].features}
+        if ship else None)
