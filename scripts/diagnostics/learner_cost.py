@@ -7,10 +7,15 @@ rollout workers (MuJoCo, rendering), then times one `Learner.update` on `learner
 parts with one torch thread (what each role gets in the Ray runtime): the no-grad proximal/value pass, a forward +
 backward pass, and the KL reference's forward pass. Reports the best of --repeats timings and the env-steps/s a
 learner alone on one core could consume, which bounds the rollout rate the staleness gate lets through.
+
+Both ways: as the runtime feeds the learner (with learner.train_scope=residual the segments carry the frozen features
+the inference server computed, acce.policy.frozen) and with those features stripped (the learner recomputes vision +
+trunk for every decision). headline.learner_ms_per_env_step is the former, *_recomputed the latter.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -37,6 +42,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from acce.config import load
     from acce.machine import machine_info
+    from acce.policy.frozen import frozen_stamp
     from acce.runtime.learner import Learner, collate
     from acce.runtime.local import LocalRuntime
     from acce.warmstart import build_policy, env_states
@@ -52,8 +58,10 @@ def main() -> None:
             segments += worker.collect(min_segments=1)
     segments = segments[:cfg.learner.batch_segments]
     learner.anchor_reference()
-    data = collate(segments)
     policy = learner.policy
+    stamp = frozen_stamp(policy) if cfg.learner.train_scope == "residual" else None
+    stripped = [dataclasses.replace(s, frozen_features=None, frozen_stamp="") for s in segments]
+    data, data_stripped = collate(segments, stamp), collate(stripped)
     inputs = policy.with_lang(data["inputs"])
     half = policy.with_lang({k: v[: len(v) // cfg.learner.minibatches] for k, v in data["inputs"].items()})
 
@@ -63,21 +71,29 @@ def main() -> None:
         (mean.sum() + log_std.sum() + value.sum()).backward()
         policy.zero_grad(set_to_none=True)
 
-    def update():
-        for s in segments:  # every segment fresh, so none is excluded
+    def update(segs):
+        for s in segs:  # every segment fresh, so none is excluded
             s.behavior_version[:] = learner.version
-        learner.update(segments)
+        return learner.update(segs)
 
     with torch.no_grad():
         parts = {"proximal_and_value_pass_s": best_of(lambda: learner._targets(data), args.repeats),
+                 "proximal_and_value_pass_recomputed_s": best_of(lambda: learner._targets(data_stripped), args.repeats),
                  "reference_forward_minibatch_s": best_of(lambda: learner.ref_policy(half), args.repeats)}
     parts["forward_backward_minibatch_s"] = best_of(forward_backward, args.repeats)
-    parts["update_s"] = best_of(update, args.repeats)
+    parts["update_s"] = best_of(lambda: update(segments), args.repeats)
+    parts["update_recomputed_s"] = best_of(lambda: update(stripped), args.repeats)
     env_steps = int(data["exec_len"].sum())
+    shipped_bytes = sum(v.nbytes for s in segments for v in (s.frozen_features or {}).values())
     result = {"config": args.config, "overrides": args.overrides, "decisions": len(data["chunk"]),
               "env_steps_per_update": env_steps, "optimizer_steps_per_update": cfg.learner.steps_per_update,
+              "shipped_features_frac": float(update(segments)["learner/shipped_features_frac"]),
+              "frozen_feature_bytes_per_decision": shipped_bytes / len(data["chunk"]),
+              "segment_bytes_per_decision": sum(s.nbytes for s in segments) / len(data["chunk"]),
               **parts, "learner_env_steps_per_s_one_core": env_steps / parts["update_s"],
-              "headline": {"learner_ms_per_env_step": 1000.0 * parts["update_s"] / env_steps}, **machine_info()}
+              "headline": {"learner_ms_per_env_step": 1000.0 * parts["update_s"] / env_steps,
+                           "learner_ms_per_env_step_recomputed": 1000.0 * parts["update_recomputed_s"] / env_steps},
+              **machine_info()}
     runtime.shutdown()
     print(json.dumps(result, indent=2))
     if args.out:
