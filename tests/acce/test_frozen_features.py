@@ -127,3 +127,30 @@ def test_residual_local_run_trains_from_shipped_features_and_async_equals_sync()
     finally:
         rt_s.shutdown()
         rt_a.shutdown()
+
+
+def test_merge_with_shipped_rows_equals_features_for_an_aux_reading_residual():
+    """bench_rl's policy shape: the residual reads the keypoint aux estimate, the critic is privileged. Shipped rows
+    (including aux) plus recomputed missing rows give exactly features() of the same batch."""
+    from acce.policy.frozen import features_with_shipped, shipped
+    from acce.policy.vla import VLAPolicy
+    from test_policy import CFG, NORM, S, A, make_batch  # noqa: E402
+    cfg = dataclasses.replace(CFG, keypoints=3, aux_from="keypoints", aux_input=True, residual_hidden=8)
+    torch.manual_seed(0)
+    policy = VLAPolicy(cfg, S, A, NORM, aux_dim=4).eval()
+    batch = make_batch(policy, b=4)
+    with torch.no_grad():
+        full = policy.features(batch)
+        arrays = {k.split("/", 1)[1]: v for k, v in shipped(full).items()}
+        assert set(arrays) == {"h_action", "h_value", "aux"}
+        arrays = {k: np.where(np.arange(4)[:, None] == 2, 0.0, v).astype(np.float32) for k, v in arrays.items()}
+        merged = features_with_shipped(policy, batch, arrays, np.array([True, True, False, True]))  # 2: recomputed
+    shipped_rows = [0, 1, 3]  # bit-exact; row 2 ran the trunk alone (batch of 1: other float summation order)
+    for k, v in full.items():
+        assert (v is None and merged[k] is None) or torch.equal(v[shipped_rows], merged[k][shipped_rows]), k
+        if v is not None:
+            torch.testing.assert_close(v[2], merged[k][2], rtol=0, atol=1e-5)
+            assert k not in arrays or not torch.equal(merged[k][2], torch.zeros_like(v[2]))  # not the zero filler
+    (m_full, s_full, v_full), (m_merged, s_merged, v_merged) = policy.heads(full), policy.heads(merged)
+    assert torch.equal(m_full[shipped_rows], m_merged[shipped_rows]) and torch.equal(s_full, s_merged)
+    torch.testing.assert_close(v_full, v_merged, rtol=0, atol=1e-5)
