@@ -21,9 +21,9 @@ from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_
 from acce.types import AUX_KEY, INSTRUCTION_KEY, TASK_ID_KEY, Segment
 
 
-def collate(segments: Sequence[Segment], frozen_stamp: str | None = None) -> dict[str, Any]:
+def collate(segments: Sequence[Segment], stamp: str | None = None) -> dict[str, Any]:
     """B segments of T decisions -> flat (B*T) policy inputs + (B, T) credit arrays + bootstrap rows; "shipped":
-    the rows' frozen features shipped under `frozen_stamp` and the mask of rows that have them."""
+    the rows' frozen features shipped under frozen stamp `stamp` and the mask of rows that have them."""
     b, t = len(segments), len(segments[0])
     if any(len(s) != t for s in segments):
         raise ValueError("segments in one batch must have the same length")
@@ -46,7 +46,7 @@ def collate(segments: Sequence[Segment], frozen_stamp: str | None = None) -> dic
             "behavior_value": stack("behavior_value"), "reward": stack("reward"), "discount": stack("discount"),
             "episode_end": stack("terminated") | stack("truncated"), "next_index": next_index,
             "behavior_version": stack("behavior_version"), "exec_len": stack("exec_len"),
-            "delay_steps": stack("delay_steps"), "shipped": stack_shipped(segments, frozen_stamp)}
+            "delay_steps": stack("delay_steps"), "shipped": stack_shipped(segments, stamp)}
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
@@ -94,6 +94,7 @@ class Learner:
         return ref
 
     RL_SCOPE_PREFIXES = RL_SCOPE_PREFIXES
+    """what learner.train_scope=residual trains (acce.policy.frozen: the server's frozen stamp skips the same)"""
 
     def start_rl(self) -> None:
         """Before the first RL update (and on resuming one): apply learner.train_scope. 'residual' freezes every

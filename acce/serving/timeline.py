@@ -57,6 +57,7 @@ class Decision:
     features: dict[str, np.ndarray] | None = None
     """this row's frozen features (acce.policy.frozen.FROZEN_KEYS) when the server shipped them"""
     frozen_stamp: str = ""
+    """acce.policy.frozen.frozen_stamp of the weights that computed `features`"""
 
 
 class EnvTimeline:
