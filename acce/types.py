@@ -1,8 +1,6 @@
 """Contracts shared by sim, world model, runtime and robot bridge (docs/design.md §3, §5, §6).
 
-Everything here is plain data or a small Protocol; implementations wrap each other rather than subclass.
-Only numpy is imported so that `import acce` stays light.
-"""
+Plain data and small Protocols (implementations wrap, not subclass); only numpy, so `import acce` stays light."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -397,6 +395,5 @@ class Segment:
 
     @property
     def nbytes(self) -> int:
-        arrays = [*self.obs.values(), self.prefix, self.chunk, self.exec_mask, self.behavior_logp_pos,
-                  *(self.frozen_features or {}).values()]
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(a.nbytes for a in [*self.obs.values(), self.prefix, self.chunk, self.exec_mask,
+                                          self.behavior_logp_pos, *(self.frozen_features or {}).values()]))
