@@ -11,12 +11,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the hub
 pytest.importorskip("lerobot")
 
 from acce.dataset_train import split_episodes  # noqa: E402
+# shared SO-101 joint names and tiny policy; pytest puts this directory on sys.path (rootdir import mode)
+from test_lerobot_any import JOINTS, TINY_POLICY  # noqa: E402
 
-JOINTS = ("shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos",
-          "gripper.pos")
-TINY = ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
-        "policy.trunk_width=32", "policy.trunk_layers=1", "policy.trunk_heads=2", "policy.chunk_len=8",
-        "policy.max_delay_steps=4", "rollout.execution_horizon=4", "bc.batch_size=8", "bc.augment_shift_px=0"]
+TINY = TINY_POLICY + ["bc.batch_size=8", "bc.augment_shift_px=0"]
 
 
 def _image_dataset(root, episodes=4, frames=8):

@@ -19,9 +19,11 @@ from acce.store import EpisodeStore, import_lerobot  # noqa: E402
 
 JOINTS = ("shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos",
           "gripper.pos")
-TINY = ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
-        "policy.trunk_width=32", "policy.trunk_layers=1", "policy.trunk_heads=2", "policy.chunk_len=8",
-        "policy.max_delay_steps=4", "rollout.execution_horizon=4", "env.cameras=[front,wrist]"]
+TINY_POLICY = ["policy.language=hash", "policy.resnet_hidden_sizes=[8,16,32]", "policy.image_grid=2",
+               "policy.trunk_width=32", "policy.trunk_layers=1", "policy.trunk_heads=2", "policy.chunk_len=8",
+               "policy.max_delay_steps=4", "rollout.execution_horizon=4"]
+"""a policy small enough to clone in seconds (shared with test_dataset_train.py)"""
+TINY = TINY_POLICY + ["env.cameras=[front,wrist]"]
 
 
 def _video_decoder_problem() -> str:
