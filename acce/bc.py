@@ -3,6 +3,10 @@
 VLA RL systems start RL from a supervised policy (SimpleVLA-RL, RLinf, AcceRL all fine-tune an SFT checkpoint);
 acce does the same in-process so the main job is one command. Every control step of a demo is a training decision:
 input o_t (no committed prefix, d = 0), target the next H demonstrated actions (masked past the episode's end).
+With `random_delay_steps` > 0 each sampled decision gets a delay d drawn uniformly from 0 … that many steps and the
+delay-aware inputs a policy sees at that latency (docs/design.md §5): d and the committed prefix, i.e. the d actions
+that run while the call is in flight (the demo's own next d actions). The first d chunk positions never execute, so
+they leave the loss; the executed positions keep the same targets (chunk positions count from the observation).
 """
 from __future__ import annotations
 
@@ -23,13 +27,21 @@ class DemoDataset:
     by the first episodes' mean and std (fixed afterwards, so a target's scale never drifts between phases)."""
 
     def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int,
-                 labels: list[np.ndarray] | None = None):
+                 labels: list[np.ndarray] | None = None, random_delay_steps: int = 0, seed: int = 0):
+        if not 0 <= random_delay_steps <= max_delay:
+            raise ValueError(f"random_delay_steps={random_delay_steps} must be in [0, max_delay={max_delay}]: the "
+                             "policy's prefix input holds at most max_delay actions")
         self.H, self.D, self.A = chunk_len, max_delay, action_dim
+        self.random_delay_steps = random_delay_steps
+        self._delay_rng = np.random.default_rng(seed)
         self.obs_arrays: dict[str, np.ndarray] = {}
         self.instructions: list[str] = []
         self.task_ids: list[int] = []
         self.targets = np.zeros((0, chunk_len, action_dim), np.float32)
         self.masks = np.zeros((0, chunk_len), bool)
+        self.prefixes = np.zeros((0, max_delay, action_dim), np.float32)
+        """per decision the next D executed actions (clipped, zero past the episode's end): the committed prefix
+        when the decision is cloned at a delay"""
         self.aux_mean: np.ndarray | None = None
         self.aux_std: np.ndarray | None = None
         self.extend(episodes, labels)
@@ -48,7 +60,7 @@ class DemoDataset:
         if labels is not None and len(labels) != len(episodes):
             raise ValueError(f"got {len(labels)} label arrays for {len(episodes)} episodes")
         obs: dict[str, list[np.ndarray]] = {}
-        targets, masks = [], []
+        targets, masks, prefixes = [], [], []
         keys = set(self.obs_arrays) or (set(episodes[0].obs) if episodes else set())
         for k, ep in enumerate(episodes):
             if set(ep.obs) != keys:
@@ -59,12 +71,14 @@ class DemoDataset:
             if acts.shape != (t_len, self.A):
                 raise ValueError(f"episode {ep.episode_id}: targets {acts.shape}, expected {(t_len, self.A)}")
             padded = np.concatenate([acts, np.zeros((self.H, self.A), np.float32)])
+            executed = np.concatenate([np.clip(ep.action, -1.0, 1.0), np.zeros((self.D, self.A), np.float32)])
             for key, v in ep.obs.items():
                 obs.setdefault(key, []).append(v[:t_len])
             self.instructions += [ep.instruction] * t_len
             self.task_ids += [ep.task_id] * t_len
             targets += [padded[t:t + self.H] for t in range(t_len)]
             masks += [np.arange(self.H) < t_len - t for t in range(t_len)]
+            prefixes += [executed[t:t + self.D] for t in range(t_len)]
         if not targets:
             return
         for key, parts in obs.items():
@@ -72,6 +86,7 @@ class DemoDataset:
             self.obs_arrays[key] = new if key not in self.obs_arrays else np.concatenate([self.obs_arrays[key], new])
         self.targets = np.concatenate([self.targets, np.stack(targets).astype(np.float32)])
         self.masks = np.concatenate([self.masks, np.stack(masks)])
+        self.prefixes = np.concatenate([self.prefixes, np.stack(prefixes).astype(np.float32)])
 
     def __len__(self) -> int:
         return len(self.instructions)
@@ -80,15 +95,25 @@ class DemoDataset:
     def states(self) -> np.ndarray:
         return self.obs_arrays["state"]
 
-    def batch(self, idx: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    def batch(self, idx: np.ndarray, delays: np.ndarray | None = None) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        """Inputs, targets (B, H, A) and loss masks (B, H) of decisions idx, at delays `delays` (B,) if given, else
+        drawn from 0 … random_delay_steps (all 0 by default)."""
+        if delays is None:
+            delays = self._delay_rng.integers(0, self.random_delay_steps + 1, size=len(idx)) \
+                if self.random_delay_steps else np.zeros(len(idx), np.int64)
+        delays = np.asarray(delays, np.int64)
+        if delays.shape != (len(idx),) or delays.min(initial=0) < 0 or delays.max(initial=0) > self.D:
+            raise ValueError(f"delays must be {len(idx)} integers in [0, {self.D}], got {delays}")
         inputs: dict[str, Any] = {k: v[idx] for k, v in self.obs_arrays.items()}
         if AUX_KEY in inputs:
             inputs[AUX_KEY] = ((inputs[AUX_KEY] - self.aux_mean) / self.aux_std).astype(np.float32)
         inputs[INSTRUCTION_KEY] = [self.instructions[i] for i in idx]
         inputs[TASK_ID_KEY] = np.asarray(self.task_ids, np.int64)[idx]
-        inputs["prefix"] = np.zeros((len(idx), self.D, self.A), np.float32)
-        inputs["delay_steps"] = np.zeros(len(idx), np.int64)
-        return inputs, self.targets[idx], self.masks[idx]
+        committed = np.arange(self.D)[None] < delays[:, None]  # (B, D): the first d prefix rows
+        inputs["prefix"] = np.where(committed[..., None], self.prefixes[idx], 0.0).astype(np.float32)
+        inputs["delay_steps"] = delays
+        masks = self.masks[idx] & (np.arange(self.H)[None] >= delays[:, None])  # positions < d never execute
+        return inputs, self.targets[idx], masks
 
 
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,

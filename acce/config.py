@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+from acce.bc_config import BCConfig
 from acce.configlib import ConfigError, load_config
 from acce.data_config import DatasetConfig
 from acce.device import DEVICES
@@ -145,49 +146,6 @@ class DelayConfig:
             raise ConfigError(f"delay.model must be fixed, uniform, empirical or measured, got {self.model!r}")
         if self.model == "empirical" and not self.path:
             raise ConfigError("delay.model=empirical needs delay.path (a file of measured latencies)")
-
-
-@dataclass(frozen=True)
-class BCConfig:
-    episodes: int = 0
-    """scripted-expert episodes recorded for the behavior-cloning warm start (0: start RL from scratch)"""
-    steps: int = 0
-    """supervised steps on them before RL (the result is version 0 that every actor starts from)"""
-    batch_size: int = 128
-    """decisions per BC step"""
-    lr: float = 1e-3
-    """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
-    lr_schedule: str = "cosine"
-    """'cosine' (decay from bc.lr to 0 over bc.steps, or over bc.max_wall_s when that binds first) or 'constant'"""
-    max_wall_s: float = 0.0
-    """wall-clock budget of all cloning phases together, in seconds (0 = none): cloning stops at bc.steps or here,
-    whichever comes first, split evenly over the phases like bc.steps (DAgger rollouts not counted); the cosine
-    schedule runs over whichever budget binds, so a slower CPU clones fewer steps but finishes in time"""
-    augment_shift_px: int = 3
-    """random-shift image augmentation of BC batches in pixels (0: off). Not used in RL: the importance ratio
-    must compare log-probs of the same input, and the behavior policy saw unaugmented images"""
-    noise_std: float = 0.1
-    """expert action noise while recording (state diversity)"""
-    dagger_rounds: int = 0
-    """DAgger rounds after cloning the demos: run the cloned policy, label every state it reached with the scripted
-    expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
-    dagger_episodes: int = 300
-    """policy episodes per DAgger round, split over env.tasks"""
-    aux_loss_coef: float = 0.0
-    """weight of the perception auxiliary loss (0 = off): demos and DAgger rollouts record the simulator's
-    privileged positions of the instruction's object and goal (obs["aux"]), and an aux head on the trunk's action
-    query regresses them (standardized) during cloning. They are targets only, never inputs, so the policy still
-    acts from pixels; it makes the encoder localize what the instruction names"""
-
-    def __post_init__(self) -> None:
-        if self.dagger_rounds < 0 or self.dagger_episodes < 0:
-            raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
-        if not self.aux_loss_coef >= 0:
-            raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
-        if not self.max_wall_s >= 0:
-            raise ConfigError(f"bc.max_wall_s must be >= 0 seconds (0 = no time budget), got {self.max_wall_s}")
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")
 
 
 @dataclass(frozen=True)
@@ -354,6 +312,11 @@ class Config:
             raise ConfigError(f"policy.chunk_len={self.policy.chunk_len} must cover rollout.execution_horizon + "
                               f"policy.max_delay_steps = {self.rollout.execution_horizon + self.policy.max_delay_steps}"
                               "; raise policy.chunk_len or lower the execution horizon / max delay")
+        if self.bc.random_delay_steps > self.policy.max_delay_steps or (
+                self.bc.random_delay_steps and not self.learner.delay_correction):
+            raise ConfigError(f"bc.random_delay_steps={self.bc.random_delay_steps} clones the delay-aware inputs: it "
+                              "needs learner.delay_correction=true and at most policy.max_delay_steps="
+                              f"{self.policy.max_delay_steps}")
         if self.learner.batch_segments > self.runtime.queue_capacity:
             raise ConfigError(f"learner.batch_segments={self.learner.batch_segments} can never fill "
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")

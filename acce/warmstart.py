@@ -58,7 +58,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
             summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
-                       spec.action_dim)
+                       spec.action_dim, random_delay_steps=cfg.bc.random_delay_steps, seed=cfg.run.seed)
     policy = place(build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec))
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()

@@ -29,6 +29,37 @@ def test_chunk_targets_are_the_next_h_actions_masked_past_the_end():
     assert inputs["state"][:, 0].tolist() == [0, 1, 2] and inputs["prefix"].shape == (3, 1, 2)
 
 
+def test_cloning_at_a_delay_feeds_the_committed_prefix_and_drops_unexecuted_positions():
+    ep = episode(4)
+    ep.action[:, 0] = [0.1, 0.2, 0.3, 2.0]  # 2.0 runs clipped to 1.0, as the timeline commits it
+    data = DemoDataset([ep], chunk_len=4, max_delay=3, action_dim=2)
+    inputs, target, mask = data.batch(np.arange(4), delays=np.array([0, 2, 3, 1]))
+    assert inputs["delay_steps"].tolist() == [0, 2, 3, 1]
+    # decision t at delay d: the demo's actions t … t+d-1 run while the call is in flight; zero past the end
+    np.testing.assert_allclose(inputs["prefix"][:, :, 0], [[0, 0, 0], [0.2, 0.3, 0], [0.3, 1.0, 0], [1.0, 0, 0]])
+    np.testing.assert_allclose(target[:, :, 0], [[0.1, 0.2, 0.3, 2.0], [0.2, 0.3, 2.0, 0], [0.3, 2.0, 0, 0],
+                                                 [2.0, 0, 0, 0]])  # unchanged by d
+    # positions < d never execute, positions past the episode's end do not exist
+    assert mask.tolist() == [[True, True, True, True], [False, False, True, False],
+                             [False, False, False, False], [False, False, False, False]]
+    with pytest.raises(ValueError, match="delays must be"):
+        data.batch(np.arange(2), delays=np.array([0, 4]))
+
+
+def test_random_delay_draws_every_latency_up_to_the_bound_and_zero_by_default():
+    data = DemoDataset([episode(30)], chunk_len=6, max_delay=4, action_dim=2)
+    assert not data.batch(np.arange(30))[0]["delay_steps"].any()
+    drawn = DemoDataset([episode(30)], chunk_len=6, max_delay=4, action_dim=2, random_delay_steps=3, seed=1)
+    d = np.concatenate([drawn.batch(np.arange(30))[0]["delay_steps"] for _ in range(20)])
+    assert set(d.tolist()) == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="random_delay_steps"):
+        DemoDataset([episode(3)], chunk_len=6, max_delay=2, action_dim=2, random_delay_steps=3)
+    with pytest.raises(Exception, match="delay_correction=true"):
+        load(None, ["bc.random_delay_steps=2", "policy.max_delay_steps=2", "learner.delay_correction=false"])
+    with pytest.raises(Exception, match="max_delay_steps"):
+        load(None, ["bc.random_delay_steps=3", "policy.max_delay_steps=2"])
+
+
 def test_labels_replace_executed_actions_and_extend_appends():
     data = DemoDataset([episode(2)], chunk_len=2, max_delay=0, action_dim=2)
     labels = [np.array([[-1.0, -1.0], [-0.5, -0.5], [0.0, 0.0]], np.float32)]
