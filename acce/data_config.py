@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from acce.configlib import ConfigError
 
 ACTION_NORMS = ("auto", "minmax", "none")
+SUCCESS_LABELS = ("auto", "last_step", "none")
+"""dataset.success values that are not a column name"""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,17 @@ class DatasetConfig:
     heldout_fraction: float = 0.1
     """`acce train --data`: share of the episodes (the last ones recorded; at least one of two or more) kept out of
     cloning for the open-loop evaluation"""
+    success: str = "auto"
+    """`acce train --data`: where the episodes' success (the world model's success and reward labels) comes from:
+    "auto" = the data's own outcomes when it has them (LeRobot's next.success / next.reward features, an acce
+    store's recorded labels), else "last_step"; "last_step" = every episode succeeded at its last step (teleoperated
+    demos); "none" = no success (rewards only from next.reward); or the name of a dataset feature: an episode
+    succeeded at its last step when that feature is true (non-zero) at its last frame (a per-episode label).
+    Success ends an episode (terminated, as in the simulator); without next.reward, a success step is reward 1"""
+    wm_steps: int = 0
+    """`acce train --data`: world-model optimizer steps on the training episodes after cloning (the `wm.*` model,
+    built for the dataset's env spec: its widths, cameras, rate and image size); 0 = no world model. RL in
+    imagination (train.max_versions > 0) and the imagined-success report need it"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", {str(k): str(v) for k, v in dict(self.cameras or {}).items()})
@@ -61,6 +74,10 @@ class DatasetConfig:
                               "low < high")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"dataset.heldout_fraction={self.heldout_fraction} must be in [0, 1)")
+        if not self.success.strip():
+            raise ConfigError(f"dataset.success is empty; use one of {SUCCESS_LABELS} or a dataset feature name")
+        if self.wm_steps < 0:
+            raise ConfigError(f"dataset.wm_steps={self.wm_steps} must be >= 0 (0 = no world model)")
         if self.action_low and self.action_norm == "none":
             raise ConfigError("dataset.action_low/action_high give the range that maps onto [-1, 1]: set "
                               "dataset.action_norm=minmax (or drop the bounds)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -65,7 +65,10 @@ class ImaginedEnv:
 
     def __init__(self, model: WorldModel, num_envs: int, *, horizon: int | None = None,
                  max_disagreement: float | None = None, wm_version: int | None = None,
-                 start_episodes: Iterable[Episode | EpisodeArrays] = (), seed: int = 0, device: str = "cpu"):
+                 start_episodes: Iterable[Episode | EpisodeArrays] = (), seed: int = 0, device: str = "cpu",
+                 episode_seeds: Iterator[int] | None = None):
+        """episode_seeds: the seeds (start-state picks) of the branches that begin after reset, in order, as the
+        Evaluator gives a simulator; default: drawn from `seed`."""
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
         model.require_stats()
@@ -81,6 +84,7 @@ class ImaginedEnv:
         self.starts = StartStates(model.cameras, cfg.start_buffer_episodes)
         self.starts.add(start_episodes)
         self.rng = np.random.default_rng(seed)
+        self.episode_seeds = episode_seeds
         self._lock = threading.Lock()
         n = num_envs
         self._z = torch.zeros(n, model.z_dim, device=device)
@@ -126,6 +130,8 @@ class ImaginedEnv:
             self.returns[i], self.lengths[i], self.ever_success[i] = 0.0, 0, False
 
     def _next_seeds(self, k: int) -> list[int]:
+        if self.episode_seeds is not None:
+            return [int(next(self.episode_seeds)) for _ in range(k)]
         return [int(s) for s in self.rng.integers(0, 2**31 - 1, size=k)]
 
     # --- the contract ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 
 from acce.metrics import Metrics
 from worldmodel.config import WMConfig
-from worldmodel.data import load_episodes, split_by_episode, validation_windows
+from worldmodel.data import EpisodeArrays, load_episodes, split_by_episode, validation_windows
 from worldmodel.evaluate import frame_strip, open_loop
 from worldmodel.model import WorldModel
 from worldmodel.trainer import WorldModelTrainer
@@ -50,17 +50,15 @@ def pretrain(data_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: WMCo
 
     torch_threads=1 by default: on a shared 2-core machine two intra-op threads made a 64x64 step 12x slower
     (0.58 vs 7.2 steps/s, measured); None keeps torch's setting (use it on a GPU or an idle many-core host)."""
-    from tqdm import tqdm
-
-    if torch_threads is not None:
-        torch.set_num_threads(torch_threads)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    out_dir = Path(out_dir)
     episodes, desc = load_episodes(data_path)
     _check_images(desc, cfg)
     train_idx, val_idx = split_by_episode(len(episodes), cfg.val_fraction, cfg.seed)
     train_eps, val_eps = [episodes[i] for i in train_idx], [episodes[i] for i in val_idx]
+    if not validation_windows(val_eps, cfg.seq_len):
+        raise ValueError(f"the {len(val_eps)} validation episodes of {data_path} have no transitions; "
+                         "raise wm.val_fraction or record longer episodes")
     with torch.random.fork_rng():  # seeded init without moving the caller's global RNG
         torch.manual_seed(cfg.seed)
         model = WorldModel(cfg, state_dim=desc["state_dim"], action_dim=desc["action_dim"],
@@ -69,16 +67,35 @@ def pretrain(data_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: WMCo
                        "num_transitions": int(sum(e.num_steps for e in episodes)),
                        "tasks": desc["summary"]["tasks"], "train_episodes": len(train_eps),
                        "val_episode_ids": [e.episode_id for e in val_eps], "steps": steps}
+    summary = train_model(model, train_eps, val_eps, out_dir, steps, progress=progress, tensorboard=tensorboard,
+                          log_every=log_every, torch_threads=torch_threads)
+    summary["data"] = desc["path"]
+    (Path(out_dir) / "pretrain.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def train_model(model: WorldModel, train_eps: list[EpisodeArrays], val_eps: list[EpisodeArrays],
+                out_dir: str | os.PathLike, steps: int, *, progress: bool = True, tensorboard: bool = True,
+                log_every: int = 10, torch_threads: int | None = 1) -> dict[str, Any]:
+    """`steps` optimizer steps of the online trainer's step on `train_eps` (validated on `val_eps`; none: no
+    validation); saves <out_dir>/worldmodel.pt and returns the summary. `pretrain` and `acce train --data` (which
+    gives its own split and outcome labels) both train through here."""
+    from tqdm import tqdm
+
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    cfg, out_dir = model.cfg, Path(out_dir)
     trainer = WorldModelTrainer(model, capacity_episodes=len(train_eps), seed=cfg.seed)
     trainer.add_arrays(train_eps)
     val_batches = validation_windows(val_eps, cfg.seq_len)
-    if not val_batches:
-        raise ValueError(f"the {len(val_eps)} validation episodes of {data_path} have no transitions; "
-                         "raise wm.val_fraction or record longer episodes")
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics(out_dir / "tb", enabled=tensorboard)
 
-    def validate() -> dict[str, float]:
+    def validate() -> dict[str, float] | None:
+        if not val_batches:
+            return None
         val = trainer.evaluate(val_batches)
         metrics.scalars({f"wm/val/{k}": v for k, v in val.items()}, trainer.version)
         metrics.image("wm/frames/val", _val_strip(trainer.model, val_batches[0]), trainer.version)
@@ -96,16 +113,14 @@ def pretrain(data_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: WMCo
         metrics.scalars(m, trainer.version)
         history.append({"version": trainer.version, "loss": m["wm/loss/total"]})
         bar.update(n)
-        bar.set_postfix({"loss": f"{m['wm/loss/total']:.3f}", "val": f"{val['total']:.3f}"})
+        bar.set_postfix({"loss": f"{m['wm/loss/total']:.3f}", "val": f"{val['total']:.3f}" if val else "-"})
         if trainer.version % cfg.val_every == 0 or done == steps:
             val = validate()
     bar.close()
     elapsed = time.perf_counter() - t0
     path = model.save(out_dir / CHECKPOINT_NAME)
     metrics.close()
-    summary = {"checkpoint": str(path), "wm_version": model.version, "steps": steps, "wall_s": elapsed,
-               "steps_per_s": steps / elapsed, "train_loss_final": history[-1]["loss"],
-               "val_loss_initial": val_initial, "val_loss_final": val, "parameters": model.num_parameters(),
-               "episodes": {"train": len(train_eps), "val": len(val_eps)}, "data": desc["path"]}
-    (out_dir / "pretrain.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return {"checkpoint": str(path), "wm_version": model.version, "steps": steps, "wall_s": elapsed,
+            "steps_per_s": steps / elapsed, "train_loss_final": history[-1]["loss"],
+            "val_loss_initial": val_initial, "val_loss_final": val, "parameters": model.num_parameters(),
+            "episodes": {"train": len(train_eps), "val": len(val_eps)}}

@@ -13,7 +13,8 @@ the feature names, so a served policy's robot sends `low + (a + 1) / 2 (high - l
 One LeRobot episode of N frames is one acce episode of T = N - 1 transitions (the last frame's action is dropped).
 Datasets acce exported (meta/acce.json) round-trip exactly: their acce.* columns restore every field. Others import
 as source "demo": reward / success / terminated from next.reward / next.success / next.done when present (else 0 /
-False), the last transition truncated unless terminated, behavior_version -1, delay 0, policy_sampled False, seed
+False; a next.success on the last frame counts for the last transition), the last transition truncated unless
+terminated, behavior_version -1, delay 0, policy_sampled False, seed
 -1, task = instruction, task_id = LeRobot task_index, episode_id "<repo_id>:<episode_index>", control_hz = fps.
 
 Nothing half-written: keys, feature shapes and action ranges are checked before the store is touched; an episode
@@ -119,7 +120,7 @@ def resolve(ds: Any, cfg: DatasetConfig, src_dir: Path, actions: np.ndarray) -> 
         raise ValueError(f"{src_dir} has no feature {cfg.instruction_key!r} for the instruction; set "
                          "dataset.instruction_key=task (LeRobot's task strings) or to one of its string features")
     used = {*cameras.values(), cfg.state_key, cfg.action_key, cfg.instruction_key, *BOOKKEEPING, *OUTCOMES,
-            *cfg.ignore}
+            *cfg.ignore, cfg.success}  # dataset.success may name a label feature (acce.dataset_labels reads it)
     unmapped = sorted(k for k in feats if k not in used and not (acce_columns and k.startswith("acce.")))
     if unmapped:
         raise ValueError(f"{src_dir} has feature(s) {unmapped} that acce does not map; leave them out with "
@@ -217,6 +218,8 @@ def _episode(ds: Any, table: Any, m: Mapping, cfg: DatasetConfig, index: int, re
     else:
         if "next.done" in names:
             fields["terminated"] = _column(table, "next.done")[:t].astype(bool)
+        if "next.success" in names and t > 0:  # a success flagged on the last frame (whose action is dropped)
+            fields["success"][-1] |= bool(_column(table, "next.success")[t])  # is the episode's outcome: keep it
         if t > 0:
             fields["truncated"][-1] = not fields["terminated"][-1]
         fields["behavior_version"] = np.full(t, -1, np.int64)
