@@ -21,19 +21,13 @@ from typing import Any, Callable
 
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import RolloutQueue, StalenessGate
+from acce.runtime.roles import ImaginationStats, rollout_kwargs  # noqa: F401 (rollout_kwargs: re-exported)
 from acce.runtime.worker import RolloutWorker
 from acce.store.recorder import RecordingEnv
 from acce.types import Episode, Segment
 
 IMAGINATION_WORKER_ID0 = 1000
 """imagination worker w has worker_id 1000 + w (segments, episode ids and latency seeds stay distinct from sim)"""
-
-
-def rollout_kwargs(cfg) -> dict[str, Any]:
-    """RolloutWorker arguments shared by sim and imagination workers (one chunk timeline for both)."""
-    r, lc = cfg.rollout, cfg.learner
-    return dict(segment_len=r.segment_len, chunk_len=cfg.policy.chunk_len, exec_horizon=r.execution_horizon,
-                max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma, delay_aware=lc.delay_correction)
 
 
 class RecordingEnvFactory:
@@ -279,10 +273,10 @@ class LocalImagination:
             return None
         return self.mixer.take(sim_queue.get_batch, lambda n: self.queue.get_batch(min(n, len(self.queue))))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ImaginationStats:
         ws = [w.stats() for w in self.workers]
-        return {"imagined_steps": sum(s["env_steps"] for s in ws), "imagined_queue_size": len(self.queue),
-                "wm": {**self.role.metrics(), **imagination_metrics(ws, self.role.version)}}
+        return ImaginationStats(imagined_steps=sum(s["env_steps"] for s in ws), imagined_queue_size=len(self.queue),
+                                wm={**self.role.metrics(), **imagination_metrics(ws, self.role.version)})
 
     def save_world_model(self, path) -> bool:
         return self.role.save(str(path))

@@ -156,26 +156,60 @@ class StalenessGate:
 
 
 class SyncGate:
-    """The barrier baseline: each round admits exactly one segment per env, all sampled with the round's weights;
-    the next round opens when the learner has consumed the round and the servers run the new version."""
+    """The barrier baseline: every segment is sampled with the round's weights, one per env per round, and exactly
+    `segments_per_version` of them per learner version (learner.batch_segments: sync learns from batches as large
+    as async's, in as many rounds as that takes). The learner's report after its update (`consumed`, as to a
+    StalenessGate) opens the next version's first round: sync and async run the same loops with another gate."""
 
-    def __init__(self, segments_per_round: int):
+    def __init__(self, segments_per_round: int, segments_per_version: int | None = None, start_version: int = 0):
+        """segments_per_round: envs over all workers; segments_per_version: default one round"""
         self.segments_per_round = segments_per_round
-        self.round_version = 0
-        self.admitted_this_round = 0
+        self.segments_per_version = segments_per_version or segments_per_round
+        self.round_version = int(start_version)
+        self.admitted_this_version = 0
         self._taken: set[tuple[int, int]] = set()
+        """(worker, env) admitted in the current round; when every env has been, the next round starts"""
+        self._open: set[tuple[int, int]] = set()
+        """admissions at this version not known to be delivered (see StalenessGate._open)"""
         self.denied = 0
+        self.released = 0
+        self._lock = threading.Lock()
+
+    @property
+    def admitted_this_round(self) -> int:
+        return len(self._taken)
 
     def open_round(self, version: int) -> None:
-        self.round_version, self.admitted_this_round = version, 0
-        self._taken.clear()
+        with self._lock:
+            self.round_version, self.admitted_this_version = int(version), 0
+            self._taken.clear()
+            self._open.clear()
+
+    def consumed(self, updates: int, version: int) -> None:
+        """The learner consumed the round's batch and published `version`: the next version's rounds open."""
+        self.open_round(version)
 
     def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
         key = (worker_id, env_index)
-        if version != self.round_version or key in self._taken or \
-                self.admitted_this_round >= self.segments_per_round:
-            self.denied += 1
-            return False
-        self._taken.add(key)
-        self.admitted_this_round += 1
-        return True
+        with self._lock:
+            if key in self._taken and len(self._taken) >= self.segments_per_round:
+                self._taken.clear()  # every env has its segment of this round: the next round starts
+            if version != self.round_version or key in self._taken or \
+                    self.admitted_this_version >= self.segments_per_version:
+                self.denied += 1
+                return False
+            self._taken.add(key)
+            self._open.add(key)
+            self.admitted_this_version += 1
+            return True
+
+    def release_worker(self, worker_id: int) -> int:
+        """A dead worker's undelivered admissions go back, as in StalenessGate.release_worker: the batch of this
+        version would otherwise never fill."""
+        with self._lock:
+            lost = [key for key in self._open if key[0] == worker_id]
+            self._open.difference_update(lost)
+            self._taken.difference_update(lost)
+            self.admitted_this_version -= len(lost)
+            self.released += len(lost)
+            return len(lost)

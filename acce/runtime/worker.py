@@ -294,6 +294,11 @@ class RolloutWorker:
                 self._pop(i, out)
         return out
 
+    @property
+    def idle(self) -> bool:
+        """Every env waits on the gate: nothing to do until fresher weights (or the next round) arrive."""
+        return bool(self.paused.all())
+
     def drain_episodes(self) -> list[dict[str, Any]]:
         eps, self.episodes = self.episodes, []
         return eps

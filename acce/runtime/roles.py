@@ -1,0 +1,334 @@
+"""Roles: what every placement runs (docs/design.md §1). A placement (acce/runtime/local.py, ray_runtime.py) only
+creates roles, connects them by named queues and a gate, ticks them, drains them and restarts what dies.
+
+  RolloutProducer (sim or imagined RolloutWorker) --put--> queue ; LearnerConsumer <--take-- queue(s)
+  LearnerConsumer --publish--> inference servers ; --consumed--> gate (StalenessGate: async, SyncGate: sync)
+  WMTrainerRole (acce/runtime/imagination.py) --publication--> imagination producers
+
+Sync and async differ only in the gate (`make_gate`); the loops are the same. What roles hand back is typed
+(`ProducerStats`, `LearnerStats`, `RuntimeStats`, `Drained`); the metric dicts that go to TensorBoard stay dicts
+keyed by their documented names (docs/metrics.md).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from acce.runtime.queue import StalenessGate, SyncGate
+from acce.types import Segment
+
+
+class Role(Protocol):
+    """A placement-agnostic unit of a run: the placement calls `tick` in a loop (Ray: its own actor thread;
+    local: in a fixed order), `drain` to collect what it produced, `state` for checkpoints."""
+
+    def tick(self) -> bool:
+        """One bounded piece of work; False when there was nothing to do (the placement may back off or stop)."""
+        ...
+
+    def drain(self) -> Any:
+        """What the role produced since the last drain (episodes, updates) and its counters, typed."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue this role ({} when nothing)."""
+        ...
+
+
+class ByKey:
+    """Read access by field name (`stats["env_steps"]`, `stats.get("restarts", 0)`, `"wm" in stats`): callers
+    written against the dicts these objects replaced keep working; new code reads attributes."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return hasattr(self, key)
+
+
+@dataclass(frozen=True)
+class ProducerStats(ByKey):
+    """A rollout producer's counters (sim or imagined), as drained."""
+    worker_id: int
+    """RolloutWorker.worker_id (imagination workers: 1000 + w)"""
+    env_steps: int = 0
+    """env steps of this process since it started (a restarted actor counts from zero; see `Tally`)"""
+    segments: int = 0
+    """complete segments produced"""
+    decisions: int = 0
+    """inference decisions applied"""
+    busy_s: float = 0.0
+    """seconds producing: stepping envs, rendering, waiting for inference"""
+    idle_s: float = 0.0
+    """seconds paused: gate denials, a full queue"""
+    alive_s: float = 0.0
+    """seconds since the first tick"""
+    pid: int = 0
+    """process id (a changed pid means the placement restarted the role)"""
+    counters: dict[str, Any] = field(default_factory=dict)
+    """the worker's own counters (RolloutWorker.stats; imagination: with env_stats and wm_version)"""
+
+
+@dataclass(frozen=True)
+class LearnerStats(ByKey):
+    """The learner consumer's counters, as drained."""
+    version: int
+    """learner_version after the last update (docs/design.md §4)"""
+    updates_done: int = 0
+    """updates finished since this run (or resume) started: what the gate is told"""
+    wait_s: float = 0.0
+    """seconds waiting for a batch (learner idle)"""
+    busy_s: float = 0.0
+    """seconds updating and publishing"""
+    alive_s: float = 0.0
+    """seconds since the first tick"""
+
+
+@dataclass(frozen=True)
+class Drained(ByKey):
+    """What a poll (or the final stop) hands the driver."""
+    updates: tuple[dict[str, float], ...] = ()
+    """one metric dict per learner update (docs/metrics.md names), in order"""
+    episodes: tuple[dict[str, Any], ...] = ()
+    """finished training episodes: return, length, success, task_id, source, seed, worker_id"""
+
+
+@dataclass(frozen=True)
+class ImaginationStats(ByKey):
+    """The imagination producers and the world-model trainer, summed."""
+    imagined_steps: int = 0
+    """imagined env steps over all imagination workers (restarts included)"""
+    imagined_queue_size: int = 0
+    """imagined segments waiting for the learner"""
+    wm: dict[str, float] = field(default_factory=dict)
+    """wm/* metrics by their TensorBoard names (trainer, imagined envs, publish lag)"""
+
+
+@dataclass(frozen=True)
+class RuntimeStats(ByKey):
+    """The runtime's state as the driver logs it (progress, throughput, weights, queue)."""
+    env_steps: int
+    """simulator env steps over all rollout workers, restarts included (imagined steps are counted apart)"""
+    learner_version: int
+    """learner_version (docs/design.md §4)"""
+    server_version: int
+    """the version the inference server runs next (publish_lag = learner_version − this)"""
+    queue_size: int
+    """simulator segments waiting for the learner"""
+    queue_capacity: int
+    """runtime.queue_capacity"""
+    swap_ms: float = 0.0
+    """the server's last weight swap, milliseconds"""
+    server: dict[str, float] = field(default_factory=dict)
+    """InferenceServer.stats (batches, rows, forward_s, swaps, ...)"""
+    workers: tuple[ProducerStats, ...] = ()
+    """per simulator rollout worker"""
+    restarts: int = 0
+    """rollout workers that came back in a new process"""
+    actor_idle_frac: float | None = None
+    """1 − busy / alive over rollout workers (None where not measured: the local runtime)"""
+    learner_idle_frac: float | None = None
+    """1 − busy / alive of the learner (None where not measured)"""
+    imagination: ImaginationStats | None = None
+    """None when imagination is off"""
+
+    @property
+    def imagined_steps(self) -> int:
+        if self.imagination is None:
+            raise AttributeError("imagined_steps: imagination is off")
+        return self.imagination.imagined_steps
+
+    @property
+    def imagined_queue_size(self) -> int:
+        if self.imagination is None:
+            raise AttributeError("imagined_queue_size: imagination is off")
+        return self.imagination.imagined_queue_size
+
+    @property
+    def wm(self) -> dict[str, float]:
+        if self.imagination is None:
+            raise AttributeError("wm: imagination is off")
+        return self.imagination.wm
+
+
+def idle_frac(busy_s: float, alive_s: float) -> float:
+    return 1.0 - busy_s / max(alive_s, 1e-9)
+
+
+# --- restarts ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tally:
+    """A restartable role's running count as the driver sees it across restarts."""
+    pid: int
+    """process id of the last drain"""
+    count: int
+    """the count the process reported (from zero in each process)"""
+    base: int = 0
+    """what earlier processes counted before they died"""
+
+    @property
+    def total(self) -> int:
+        return self.base + self.count
+
+
+def rebase(prev: Tally | None, pid: int, count: int) -> tuple[Tally, bool]:
+    """The new tally after a drain that reported `count` from process `pid`, and whether the process is new (a
+    restart). A restarted process counts from zero again: what the dead one counted moves into `base`, so totals
+    (env steps, imagined steps) never go back."""
+    if prev is None:
+        return Tally(pid, count), False
+    base = prev.base + (prev.count if count < prev.count else 0)
+    return Tally(pid, count, base), pid != prev.pid
+
+
+# --- the gate ------------------------------------------------------------------------------------------------------
+def gate_spec(cfg, total_envs: int, start_version: int) -> tuple[type, tuple]:
+    """The gate's class and arguments (Ray builds it as a named actor): runtime.mode=async paces producers by
+    predicted staleness, sync admits one version's batch in rounds."""
+    lc = cfg.learner
+    if cfg.runtime.mode == "sync":
+        return SyncGate, (total_envs, lc.batch_segments, start_version)
+    return StalenessGate, (lc.batch_segments, lc.steps_per_update, lc.max_staleness, start_version)
+
+
+def make_gate(cfg, total_envs: int, start_version: int) -> StalenessGate | SyncGate:
+    cls, args = gate_spec(cfg, total_envs, start_version)
+    return cls(*args)
+
+
+def rollout_kwargs(cfg) -> dict[str, Any]:
+    """RolloutWorker arguments shared by sim and imagination workers (one chunk timeline for both)."""
+    r, lc = cfg.rollout, cfg.learner
+    return dict(segment_len=r.segment_len, chunk_len=cfg.policy.chunk_len, exec_horizon=r.execution_horizon,
+                max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma, delay_aware=lc.delay_correction)
+
+
+# --- the roles -----------------------------------------------------------------------------------------------------
+class RolloutProducer:
+    """Role: a RolloutWorker or ImaginationWorker whose complete segments go to `put`, whole or not at all.
+
+    put(segment) may block (pacing) and returns False when the run stops first; on_episode(ep) runs where the
+    worker runs (Ray: the actor's own curriculum); refresh() runs before each tick (imagination: pull the newest
+    world model)."""
+
+    def __init__(self, worker, put: Callable[[Segment], Any], *, max_steps: int = 64,
+                 on_episode: Callable[[dict], None] | None = None, refresh: Callable[[], None] | None = None):
+        self.worker, self.put, self.max_steps = worker, put, max_steps
+        self.on_episode, self.refresh = on_episode, refresh
+        self.episodes: list[dict[str, Any]] = []
+        self.busy_s = self.idle_s = 0.0
+        self.started: float | None = None
+
+    @property
+    def worker_id(self) -> int:
+        return self.worker.worker_id
+
+    def tick(self) -> bool:
+        self.started = self.started or time.time()
+        if self.refresh is not None:
+            self.refresh()
+        t0 = time.perf_counter()
+        segments = self.worker.collect(min_segments=1, max_steps=self.max_steps)
+        self.busy_s += time.perf_counter() - t0
+        for ep in self.worker.drain_episodes():
+            ep["worker_id"] = self.worker.worker_id
+            if self.on_episode is not None:
+                self.on_episode(ep)
+            self.episodes.append(ep)
+        for seg in segments:
+            t0 = time.perf_counter()
+            self.put(seg)
+            self.idle_s += time.perf_counter() - t0
+        return bool(segments) or not self.worker.idle
+
+    def stats(self, pid: int = 0) -> ProducerStats:
+        c = self.worker.stats
+        c = dict(c() if callable(c) else c)
+        return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.get("env_steps", 0)),
+                             segments=int(c.get("segments", 0)), decisions=int(c.get("decisions", 0)),
+                             busy_s=self.busy_s, idle_s=self.idle_s,
+                             alive_s=time.time() - self.started if self.started else 0.0, pid=pid, counters=c)
+
+    def drain(self) -> tuple[list[dict[str, Any]], ProducerStats]:
+        eps, self.episodes = self.episodes, []
+        return eps, self.stats(os.getpid())
+
+    def state(self) -> dict[str, Any]:
+        return {}  # a producer holds no state a checkpoint needs: a resumed run starts fresh episodes
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class LearnerConsumer:
+    """Role: takes a batch (`take() -> list | None`, None: not ready or stopping), updates, publishes
+    (`publish(version, trainable_state)`), and tells the gate what the update reached (`gate.consumed`).
+
+    mix(batch, version) adds the source-mixing metrics when batches mix sources. Holds `lock` while it updates and
+    publishes: a snapshot (checkpoint, evaluation) never sees a half-applied optimizer step."""
+
+    def __init__(self, learner, take: Callable[[], "list | None"], publish: Callable[[int, Any], None], gate, *,
+                 mix: Callable[[list, int], dict] | None = None, stamp_wait: bool = False):
+        """stamp_wait: write queue/learner_wait_s into each update (Ray, where the learner waits on other
+        processes; the local runtime never waits)"""
+        self.learner, self.take, self.publish_fn, self.gate = learner, take, publish, gate
+        self.mix, self.stamp_wait = mix, stamp_wait
+        self.updates0 = learner.updates  # a resumed learner has updates before this run's gate existed
+        self.lock = threading.Lock()
+        self.updates: list[dict[str, float]] = []
+        self.wait_s = self.busy_s = 0.0
+        self.started: float | None = None
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def publish(self) -> int:
+        self.publish_fn(self.learner.version, self.learner.trainable_state())
+        return self.learner.version
+
+    def tick(self) -> bool:
+        self.started = self.started or time.time()
+        t0 = time.perf_counter()
+        batch = self.take()
+        self.wait_s += time.perf_counter() - t0
+        if batch is None:
+            return False
+        with self.lock:
+            t1 = time.perf_counter()
+            mix = self.mix(batch, self.learner.version) if self.mix is not None else {}
+            upd = {**self.learner.update(batch), **mix}
+            if self.stamp_wait:
+                upd["queue/learner_wait_s"] = self.wait_s
+            self.updates.append(upd)
+            self.publish()
+            # what the update really reached (learner.kl_stop may end it early); a SyncGate opens the next round
+            self.gate.consumed(self.learner.updates - self.updates0, self.learner.version)
+            self.busy_s += time.perf_counter() - t1
+        return True
+
+    def stats(self) -> LearnerStats:
+        return LearnerStats(version=self.learner.version, updates_done=self.learner.updates - self.updates0,
+                            wait_s=self.wait_s, busy_s=self.busy_s,
+                            alive_s=time.time() - self.started if self.started else 0.0)
+
+    def drain(self) -> tuple[list[dict[str, float]], LearnerStats]:
+        ups, self.updates = self.updates, []
+        return ups, self.stats()
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return self.learner.state_dict()
+
+    def policy_state(self) -> dict[str, Any]:
+        with self.lock:
+            return self.learner.policy.policy_state()

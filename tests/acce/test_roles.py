@@ -1,0 +1,134 @@
+"""Roles (acce/runtime/roles.py) with counting fakes: ticks, drains, gate reports, restarts, typed stats."""
+import pytest
+
+from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
+from acce.runtime.roles import (Drained, LearnerConsumer, ProducerStats, RolloutProducer, RuntimeStats, Tally,
+                                gate_spec, rebase)
+
+
+class FakeWorker:
+    """Produces `per_tick` segments per collect until `paused`; one episode every second collect."""
+
+    def __init__(self, per_tick=2, worker_id=3):
+        self.per_tick, self.worker_id, self.collects, self.paused = per_tick, worker_id, 0, False
+        self.stats = {"env_steps": 0, "segments": 0, "decisions": 0}
+        self.pending_episodes = []
+
+    def collect(self, min_segments=1, max_steps=None):
+        self.collects += 1
+        if self.paused:
+            return []
+        self.stats["env_steps"] += 10
+        self.stats["segments"] += self.per_tick
+        if self.collects % 2 == 0:
+            self.pending_episodes.append({"success": True, "task_id": 0})
+        return [f"seg{self.collects}.{i}" for i in range(self.per_tick)]
+
+    def drain_episodes(self):
+        eps, self.pending_episodes = self.pending_episodes, []
+        return eps
+
+    @property
+    def idle(self):
+        return self.paused
+
+
+class FakeLearner:
+    def __init__(self, steps_per_update=2):
+        self.version, self.updates, self.steps, self.batches = 0, 0, steps_per_update, []
+
+    def update(self, batch):
+        self.batches.append(list(batch))
+        self.updates += 1
+        self.version += self.steps
+        return {"learner/version": float(self.version)}
+
+    def trainable_state(self):
+        return {"v": self.version}
+
+    def state_dict(self):
+        return {"version": self.version}
+
+
+class CountingGate:
+    def __init__(self):
+        self.reports = []
+
+    def consumed(self, updates, version):
+        self.reports.append((updates, version))
+
+
+def test_producer_puts_whole_segments_tags_episodes_and_reports_idle():
+    worker, put, seen = FakeWorker(), [], []
+    p = RolloutProducer(worker, put.append, on_episode=seen.append)
+    assert p.tick() and p.tick()
+    assert put == ["seg1.0", "seg1.1", "seg2.0", "seg2.1"]
+    eps, stats = p.drain()
+    assert eps == seen == [{"success": True, "task_id": 0, "worker_id": 3}]
+    assert isinstance(stats, ProducerStats) and stats.env_steps == 20 and stats.segments == 4
+    assert stats["env_steps"] == 20 and stats.worker_id == 3  # read by name, as the dicts it replaced were
+    worker.paused = True
+    assert not p.tick()  # nothing to do: the placement backs off
+    assert p.drain()[0] == [] and p.state() == {}
+
+
+def test_learner_consumer_updates_publishes_then_reports_to_the_gate():
+    learner, gate, published = FakeLearner(), CountingGate(), []
+    learner.updates = 5  # resumed: the gate counts this run's updates only
+    queue = RolloutQueue(4)
+    take = lambda: queue.get_batch(2) if len(queue) >= 2 else None  # noqa: E731
+    c = LearnerConsumer(learner, take, lambda v, s: published.append((v, s)), gate)
+    assert not c.tick()  # no batch: nothing happens
+    for s in "abc":
+        queue.put(s)
+    assert c.tick() and not c.tick()
+    assert learner.batches == [["a", "b"]] and published == [(2, {"v": 2})] and gate.reports == [(1, 2)]
+    ups, stats = c.drain()
+    assert ups == [{"learner/version": 2.0}] and stats.version == 2 and stats.updates_done == 1
+    assert c.drain()[0] == [] and c.state() == {"version": 2}
+
+
+def test_sync_gate_admits_one_versions_batch_in_rounds_and_the_report_opens_the_next():
+    gate = SyncGate(segments_per_round=2, segments_per_version=5, start_version=0)
+    # round 1: one per env; env (0, 0) asks again before env (0, 1) had its turn: denied
+    assert gate.try_acquire(0, 0, 0) and not gate.try_acquire(0, 0, 0) and gate.try_acquire(0, 1, 0)
+    # rounds 2 and 3 (the last one partial: 5 segments per version)
+    assert gate.try_acquire(0, 1, 0) and gate.try_acquire(0, 0, 0) and gate.try_acquire(0, 0, 0)
+    assert not gate.try_acquire(0, 1, 0) and gate.admitted_this_version == 5
+    gate.consumed(1, 4)  # the learner's report after its update: the next version's first round
+    assert not gate.try_acquire(0, 1, 0) and gate.try_acquire(0, 1, 4)
+    # a dead worker's undelivered admission goes back: the batch can still fill
+    assert gate.release_worker(0) == 1 and gate.admitted_this_version == 0 and gate.try_acquire(0, 1, 4)
+
+
+@pytest.mark.parametrize("mode, cls", [("sync", SyncGate), ("async", StalenessGate)])
+def test_the_mode_is_a_choice_of_gate(mode, cls):
+    from acce.config import load
+    cfg = load(None, [f"runtime.mode={mode}", "learner.batch_segments=6", "learner.max_staleness=0"])
+    gcls, args = gate_spec(cfg, total_envs=4, start_version=7)
+    gate = gcls(*args)
+    assert isinstance(gate, cls) and hasattr(gate, "consumed") and hasattr(gate, "release_worker")
+    assert not gate.try_acquire(0, 0, 6) and gate.try_acquire(0, 0, 7)  # counts from the start version
+
+
+def test_rebase_keeps_totals_across_restarts_and_counts_new_processes():
+    t, restarted = rebase(None, pid=10, count=0)
+    assert t == Tally(10, 0) and not restarted
+    t, restarted = rebase(t, 10, 50)
+    assert t.total == 50 and not restarted
+    t, restarted = rebase(t, 11, 7)  # a new process counts from zero again: the dead one's 50 move into base
+    assert (t.base, t.count, t.total, restarted) == (50, 7, 57, True)
+    t, restarted = rebase(t, 11, 9)
+    assert t.total == 59 and not restarted
+
+
+def test_typed_stats_read_like_the_dicts_they_replaced():
+    s = RuntimeStats(env_steps=5, learner_version=2, server_version=1, queue_size=0, queue_capacity=4)
+    assert s["env_steps"] == 5 and s.get("restarts", 9) == 0 and "imagined_steps" not in s
+    assert s.get("imagined_steps", 0) == 0
+    with pytest.raises(KeyError):
+        s["nope"]
+    out = Drained(updates=({"a": 1.0},))
+    ups = []
+    ups += out["updates"]
+    assert ups == [{"a": 1.0}] and out.episodes == ()
