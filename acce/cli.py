@@ -260,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-tail", dest="long_tail", action="store_true",
                    help="[rl] also run every seed and mode with bench throughput's long-tail step latency (the "
                    "headline's async_sync_wall_ratio_long_tail)")
+    p.add_argument("--random-delay-warm-start", dest="random_delay_warm_start", action="store_true",
+                   help="[delay] give the delay-aware arm its own warm start, cloned at random latencies up to the "
+                   "largest d (bc.random_delay_steps); the naive arm keeps the d = 0 warm start")
+    p.add_argument("--delays", default=None, help="[delay] comma-separated latencies in control steps (default 0,2,4,6)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")

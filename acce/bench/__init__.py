@@ -37,9 +37,16 @@ def _bench_throughput(cfg, args) -> dict:
 def _bench_delay(cfg, args) -> dict:
     from acce.bench.delay import run_delay_bench
     tasks = tuple(t.strip() for t in (args.tasks or "track,reach").split(",") if t.strip())
+    try:
+        delays = tuple(int(d) for d in (args.delays or "0,2,4,6").split(",") if d.strip())
+    except ValueError:
+        delays = ()
+    if not delays or 0 not in delays or min(delays) < 0:
+        raise ValueError(f"--delays {args.delays!r}: give latencies >= 0 control steps, including 0 (e.g. 0,2,4,6,8)")
     return run_delay_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
+                           delays=delays,
                            budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
-                           workdir=args.workdir, plot=args.plot)
+                           workdir=args.workdir, plot=args.plot, random_delay_warm_start=args.random_delay_warm_start)
 
 
 def _bench_wm(cfg, args) -> dict:

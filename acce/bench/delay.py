@@ -9,6 +9,11 @@ units: the episodes of one seed share its policy and the test layouts, so a Wils
 would overstate what is known), success(d) / success(0) per learner, the aware - naive gap, and the headline
 (acce/bench/headline.py). Each run records the env steps its learner consumed and its wall-clock from the first
 update (acce/bench/fair.py). Finished cells are kept in the workdir, so an interrupted bench resumes.
+
+With `random_delay_warm_start` the delay-aware arm gets a warm start of its own, cloned at random latencies up to
+the largest benched d with the delay-aware inputs (`bc.random_delay_steps`), while the naive arm keeps the d = 0
+warm start and the execution trick (the env starts every chunk at position d): the baseline a robotics user tries
+first. The two arms then start from different policies, so d = 0 runs both.
 """
 from __future__ import annotations
 
@@ -24,51 +29,60 @@ from acce.stats import seed_interval
 
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
                     seeds=(0, 1, 2), budget_steps: int = 30_000, eval_episodes: int = 40, workdir: str | None = None,
-                    plot: str | None = None) -> dict[str, Any]:
+                    plot: str | None = None, random_delay_warm_start: bool = False) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-delay-"))
     cells: dict[str, Any] = {}
     warm_rows: dict[str, Any] = {}
+    separate = bool(random_delay_warm_start)  # the arms start from different warm starts: d = 0 runs both
     for task in tasks:
         base = list(overrides) + [f"env.tasks=[{task}]", f"run.out_dir={root}"]
-        warm_ckpt = root / f"{task}_bc" / "checkpoints" / "bc.pt"
-        if not warm_ckpt.is_file():  # one warm start per task, shared by every seed, delay and learner
-            Trainer(load(config, base + [f"run.name={task}_bc", "train.max_versions=1", "train.final_eval=false",
-                                         "eval.every_versions=0"]), progress=False).run()
-        for d in delays:  # the warm start itself at each latency, with either learner's inputs: what RL starts from
-            for aware in ((True,) if d == 0 else (True, False)):
+        warm = {"naive": root / f"{task}_bc" / "checkpoints" / "bc.pt"}
+        warm["aware"] = root / f"{task}_bc_rd" / "checkpoints" / "bc.pt" if separate else warm["naive"]
+        for mode, ckpt in warm.items():  # shared by every seed and delay (and by both arms unless separate)
+            if not ckpt.is_file() and (separate or mode == "naive"):
+                extra = [f"bc.random_delay_steps={max(delays)}"] if separate and mode == "aware" else []
+                Trainer(load(config, base + [f"run.name={ckpt.parent.parent.name}", "train.max_versions=1",
+                                             "train.final_eval=false", "eval.every_versions=0"] + extra),
+                        progress=False).run()
+        for d in delays:  # the warm start itself at each latency, with its learner's inputs: what RL starts from
+            for aware in ((True,) if d == 0 and not separate else (True, False)):
+                mode = "aware" if aware else "naive"
                 row = _evaluate(load(config, base + [f"delay.fixed_steps={d}", f"learner.delay_correction={aware}"]),
-                                warm_ckpt, eval_episodes)
-                for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
-                    warm_rows[f"{task}/d{d}/{mode}"] = row
+                                warm[mode], eval_episodes)
+                for m in (("aware", "naive") if d == 0 and not separate else (mode,)):
+                    warm_rows[f"{task}/d{d}/{m}"] = row
         for seed in seeds:
             for d in delays:  # which learner runs first alternates with the seed (`order` in each run)
-                for order, aware in enumerate((True,) if d == 0 else mode_order(seed, (True, False))):
-                    name = f"{task}_s{seed}_d{d}_{'aware' if aware else 'naive'}"
+                for order, aware in enumerate((True,) if d == 0 and not separate else mode_order(seed, (True, False))):
+                    mode = "aware" if aware else "naive"
+                    name = f"{task}_s{seed}_d{d}_{mode}"
                     summary = root / name / "summary.json"
                     if summary.is_file():  # a finished cell of an interrupted bench is not run again
                         s = json.loads(summary.read_text())
                     else:
                         cfg = load(config, base + [
-                            f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm_ckpt}",
+                            f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm[mode]}",
                             f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
                             f"train.max_env_steps={budget_steps}", "eval.every_versions=0",
                             f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
                             "bc.episodes=0"])
                         s = Trainer(cfg, progress=False).run()
                     r, fair = s["eval"][f"{task}/test"], run_counts(s, root / name)
-                    # at d = 0 the two learners are the same computation (tested), so one run serves both cells
-                    for mode in (("aware", "naive") if d == 0 else (("aware",) if aware else ("naive",))):
-                        cells.setdefault(f"{task}/d{d}/{mode}", []).append(
+                    # from one warm start at d = 0 the two learners are the same computation (tested): one run
+                    for m in (("aware", "naive") if d == 0 and not separate else (mode,)):
+                        cells.setdefault(f"{task}/d{d}/{m}", []).append(
                             {"seed": seed, "order": order, "successes": r["successes"], "n": r["n"],
                              **{k: fair[k] for k in ("counted", "env_steps", "env_steps_produced", "wall_s",
                                                      "startup_s")}})
                     print(f"[delay] {name}: held-out success {r['success_rate']:.2f}", flush=True)
     table = summarize(cells)
     result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
-              "eval_episodes": eval_episodes, "warm_start": warm_rows, "cells": table, "runs": cells,
+              "eval_episodes": eval_episodes, "warm_starts": {
+                  "aware": f"cloned at random d in 0..{max(delays)} (bc.random_delay_steps)" if separate else "d = 0",
+                  "naive": "d = 0; the env starts each chunk at position d (execution trick)"}, "warm_start": warm_rows, "cells": table, "runs": cells,
               "counting": "env_steps: consumed by the learner; wall_s: from the first learner update; "
                           "budget_env_steps: produced (the stop)"}
     result["headline"] = delay_headline(result)

@@ -77,6 +77,27 @@ def test_delay_bench_runs_each_cell_once_and_pools(fake_trainer, monkeypatch, tm
     assert {r["counted"] for r in out["runs"]["reach/d4/aware"]} == {"produced"}
 
 
+def test_delay_bench_random_delay_warm_start_gives_the_aware_arm_its_own(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    evaluated = []
+    monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: evaluated.append(
+        (cfg.delay.fixed_steps, cfg.learner.delay_correction, ckpt.parent.parent.name)) or
+        {"success_rate": 0.5, "ci95": [0.2, 0.8], "n": n})
+    out = delay_bench.run_delay_bench(None, ["policy.chunk_len=12", "policy.max_delay_steps=8"], tasks=("reach",),
+                                      delays=(0, 8), seeds=(0,), budget_steps=500, eval_episodes=10,
+                                      workdir=str(tmp_path), random_delay_warm_start=True)
+    warm = [c for c in fake_trainer.made if not c.train.init_from]
+    assert [(c.run.name, c.bc.random_delay_steps) for c in warm] == [("reach_bc", 0), ("reach_bc_rd", 8)]
+    rl = [c for c in fake_trainer.made if c.train.init_from]
+    # d = 0 runs both learners now: each from its own warm start
+    assert sorted((c.delay.fixed_steps, c.learner.delay_correction, c.train.init_from.split("/")[-3]) for c in rl) \
+        == [(0, False, "reach_bc"), (0, True, "reach_bc_rd"), (8, False, "reach_bc"), (8, True, "reach_bc_rd")]
+    assert evaluated == [(0, True, "reach_bc_rd"), (0, False, "reach_bc"), (8, True, "reach_bc_rd"),
+                         (8, False, "reach_bc")]
+    assert len(out["runs"]["reach/d0/aware"]) == len(out["runs"]["reach/d0/naive"]) == 1
+    assert "random d in 0..8" in out["warm_starts"]["aware"]
+
+
 def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
     fake_trainer.outcome = staticmethod(_delay_outcome)
     monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: {"success_rate": 0.0, "ci95": [0, 1], "n": n})

@@ -1,4 +1,5 @@
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -142,3 +143,9 @@ def test_aux_input_needs_the_aux_loss_and_fresh_policies_get_the_head():
     policy = build_policy(cfg, np.random.default_rng(0).normal(size=(10, 7)).astype(np.float32))
     assert policy.aux_dim == 4 and policy.config.aux_input  # RL from scratch (bc.steps=0) builds the same network
     assert build_policy(load(None, ["policy.language=hash"]), np.ones((3, 7), np.float32)).aux_dim == 0
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml")))
+def test_every_preset_loads(preset):
+    cfg = load(Path(__file__).parents[2] / "configs" / preset)
+    assert cfg.env.tasks and cfg.policy.chunk_len >= cfg.rollout.execution_horizon + cfg.policy.max_delay_steps
