@@ -30,6 +30,9 @@ from acce.types import EnvSpec, Episode
 IMAGINED_LABEL = ("imagined success: the world model's success head on imagined branches from recorded states "
                   "(no simulator: a model's judgement, not a measured success rate)")
 
+TASK = "dataset"
+"""the <task> of a dataset run's episode/*/imagined/<task> metrics and of its imagined evaluation"""
+
 
 def check_image_size(size: int) -> None:
     """The world model reads square images whose side is a power of two >= 16."""
@@ -143,8 +146,8 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
     imagined = [e for e in episodes if e["source"] == "imagined"]
     if imagined:
         recent = imagined[-200:]
-        metrics.scalars({"episode/success/imagined/dataset": sum(e["success"] for e in recent) / len(recent),
-                         "episode/return/imagined/dataset": sum(e["return"] for e in recent) / len(recent)},
+        metrics.scalars({f"episode/success/imagined/{TASK}": sum(e["success"] for e in recent) / len(recent),
+                         f"episode/return/imagined/{TASK}": sum(e["return"] for e in recent) / len(recent)},
                         learner.version)
     return {"versions": learner.version - version0, "updates": learner.updates - updates0, "source": "imagined",
             "imagined_steps": int(env_stats["env_steps"]), "imagined_episodes": len(imagined),
@@ -177,10 +180,10 @@ def imagined_success(cfg, policy_state: dict[str, Any], version: int, model, epi
     server = _server(policy_state, like, deterministic=True)
     server._version = version
     n = cfg.eval.test_episodes_per_task
-    ev = Evaluator(_ImaginedEvalEnvs(cfg, model, episodes), server, tasks=["imagined"], episodes=n,
+    ev = Evaluator(_ImaginedEvalEnvs(cfg, model, episodes), server, tasks=[TASK], episodes=n,
                    num_envs=min(n, cfg.imagination.num_envs), chunk_len=cfg.policy.chunk_len,
                    exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                    delay_aware=cfg.learner.delay_correction)
-    r = ev.run("test")["per_task"]["imagined/test"]
+    r = ev.run("test")["per_task"][f"{TASK}/test"]
     return {"version": int(version), "n": r["n"], "success_rate": r["success_rate"], "ci95": r["ci95"],
             "mean_length": r["mean_length"], "mean_return": r["mean_return"]}

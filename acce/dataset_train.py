@@ -100,17 +100,17 @@ def _checks(cfg: Config) -> None:
         check_image_size(cfg.dataset.image_size)
 
 
-def _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, step: int, tag: str = "") -> dict[str, Any]:
+def _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, version: int) -> dict[str, Any]:
+    """Open-loop action errors of `policy` (TensorBoard at its learner version: the cloned policy is version 0)."""
     evaluation = {"label": EVAL_LABEL, "train": open_loop_error(policy, train_eps, spec, mean_action)}
     if heldout:
         evaluation["heldout"] = open_loop_error(policy, heldout, spec, mean_action)
     for split in ("train", "heldout"):
         if split in evaluation:
             e = evaluation[split]
-            metrics.scalars({f"eval/open_loop/mse/{split}{tag}": e["mse"],
-                             f"eval/open_loop/baseline_mse/{split}{tag}": e["baseline_mse"],
-                             f"eval/open_loop/first_action_mae_units/{split}{tag}": e["first_action_mae_units"]},
-                            step)
+            metrics.scalars({f"eval/open_loop/mse/{split}": e["mse"],
+                             f"eval/open_loop/baseline_mse/{split}": e["baseline_mse"],
+                             f"eval/open_loop/first_action_mae_units/{split}": e["first_action_mae_units"]}, version)
     return evaluation
 
 
@@ -160,7 +160,7 @@ def train_on_dataset(cfg: Config, progress: bool = True) -> dict[str, Any]:
                           desc="cloning the dataset", max_wall_s=cfg.bc.max_wall_s)
         bc = {"bc_steps": len(losses), "bc_final_loss": float(np.mean(losses[-20:])), "bc_time_s": time.time() - t0}
         mean_action = (data.targets * data.masks[..., None]).sum((0, 1)) / max(data.masks.sum(), 1)
-        evaluation = _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, len(losses))
+        evaluation = _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, 0)
         state0 = policy.policy_state()
         if use_wm:
             from acce.dataset_rl import IMAGINED_LABEL, imagined_success, pretrain_world_model, rl_in_imagination
@@ -176,7 +176,7 @@ def train_on_dataset(cfg: Config, progress: bool = True) -> dict[str, Any]:
             save_checkpoint(ckpt_dir / "bc.pt", {"config": to_dict(cfg), "learner": {"policy": state0, "version": 0},
                                                  "counters": {"bc": bc}})
             summary["rl"] = rl_in_imagination(cfg, learner, model, train_eps, metrics, progress)
-            final = _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, learner.version, "/final")
+            final = _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, learner.version)
             evaluation = {**final, "version": learner.version,
                           "v0": {k: v for k, v in evaluation.items() if k != "label"}}
             imagined["final"] = imagined_success(cfg, policy.policy_state(), learner.version, model, starts, policy)
