@@ -64,9 +64,8 @@ def pretrain_world_model(cfg, spec: EnvSpec, train_arrays: list, val_arrays: lis
     model.data_info = {"path": cfg.dataset.path, "kind": "acce train --data", "train_episodes": len(train_arrays),
                        "val_episode_ids": [e.episode_id for e in val_arrays], "steps": cfg.dataset.wm_steps,
                        "success_labels": cfg.dataset.success}
-    threads = cfg.runtime.driver_threads or None
     summary = train_model(model, train_arrays, val_arrays, run_dir / "wm", cfg.dataset.wm_steps,
-                          progress=progress, torch_threads=threads)
+                          progress=progress, torch_threads=None)  # the driver's threads (runtime.driver_threads)
     return model.eval(), summary
 
 

@@ -127,7 +127,10 @@ def train_on_dataset(cfg: Config, progress: bool = True) -> dict[str, Any]:
 
     _checks(cfg)
     use_wm, rl = cfg.dataset.wm_steps > 0, cfg.train.max_versions > 0
-    success = resolve_success(cfg.dataset) if use_wm else None
+    success = resolve_success(cfg.dataset)  # a misnamed label feature fails even when no world model reads it
+    if cfg.runtime.driver_threads > 0:  # this process clones, trains the world model and runs RL (as acce train)
+        import torch
+        torch.set_num_threads(cfg.runtime.driver_threads)
     run_dir = cfg.run.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
@@ -219,8 +222,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "wm" in summary:
         wm, labels = summary["wm"], summary["labels"]
         val = wm["val_loss_final"]
+        source = "the data's own" if labels["success"] == "data" else labels["success"]
         lines.append(f"world model: {wm['steps']} steps on {wm['episodes']['train']} episodes (success labels "
-                     f"{labels['success']}: {labels['successful_episodes']}/{labels['episodes']} episodes succeed; "
+                     f"{source}: {labels['successful_episodes']}/{labels['episodes']} episodes succeed; "
                      f"reward {labels['reward']})" + (f", held-out loss {wm['val_loss_initial']['total']:.3f} -> "
                                                       f"{val['total']:.3f}" if val else "") + f"; {wm['checkpoint']}")
     if "rl" in summary:

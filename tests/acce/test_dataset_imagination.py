@@ -18,7 +18,8 @@ TINY_WM = ["wm.latent_dim=16", "wm.hidden_dim=32", "wm.channels=4", "wm.ensemble
            "wm.instruction_buckets=64", "wm.batch_size=4", "wm.seq_len=4", "wm.horizon=4", "wm.max_disagreement=100"]
 """a world model that trains in a second; no disagreement gate, so imagined branches run to the horizon"""
 TINY_RL = ["learner.batch_segments=2", "learner.epochs=1", "learner.minibatches=1", "rollout.segment_len=2",
-           "imagination.num_envs=2", "eval.test_episodes_per_task=4", "bc.batch_size=8", "bc.augment_shift_px=0"]
+           "imagination.num_envs=2", "eval.test_episodes_per_task=4", "bc.batch_size=8", "bc.augment_shift_px=0",
+           "runtime.driver_threads=1"]
 
 
 def _outcome_dataset(root, features, episodes):
