@@ -102,3 +102,8 @@ class RemoteGate:
 
     def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
         return ray.get(self.handle.try_acquire.remote(worker_id, env_index, version), timeout=self.timeout_s)
+
+    def consumed(self, updates: int, version: int) -> None:
+        """Fire and forget: the gate only grows more permissive with the report (a SyncGate opens the next round),
+        and a late one keeps the StalenessGate's predictions upper bounds."""
+        self.handle.consumed.remote(updates, version)

@@ -25,6 +25,7 @@ from acce.runtime.imagination import (IMAGINATION_WORKER_ID0, ImaginationWorker,
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import StalenessGate
 from acce.runtime.ray_clients import named, set_torch_threads
+from acce.runtime.roles import ImaginationStats
 from acce.runtime.weights import WeightStore
 
 
@@ -280,9 +281,9 @@ class RayImagination:
                         "wm/imagination_restarts": float(self.restarts)}
         return episodes
 
-    def stats(self) -> dict[str, Any]:
-        return {"imagined_steps": sum(s["env_steps"] + s["base"] for s in self._stats.values()),
-                "imagined_queue_size": _qsize(self.queue, self.timeout_s), "wm": dict(self.metrics)}
+    def stats(self) -> ImaginationStats:
+        return ImaginationStats(imagined_steps=sum(s["env_steps"] + s["base"] for s in self._stats.values()),
+                                imagined_queue_size=_qsize(self.queue, self.timeout_s), wm=dict(self.metrics))
 
     def stop(self) -> None:
         """Stop the loops and wait for them; a loop lost to an actor restart has nothing left to finish."""

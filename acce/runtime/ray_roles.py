@@ -1,0 +1,174 @@
+"""runtime: ray — one actor body for every role (acce/runtime/roles.py), the builders that make a role inside its
+actor process, and the restart logic every Ray placement shares.
+
+A role actor's constructor gets a picklable builder and builds the role where it runs; restartable roles (rollout
+and imagination producers) find the run's server, queues and gate by name (ray_clients.named), so Ray can rebuild
+them after a crash from the same arguments. `run` ticks the role until `stop`; `drain` and `state` answer from
+another thread meanwhile.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+
+from acce.runtime.queue import put_until_stopped
+from acce.runtime.ray_clients import RemoteGate, RemotePolicy, named, set_torch_threads
+from acce.runtime.roles import LearnerConsumer, RolloutProducer, rollout_kwargs
+
+
+class RoleHost:
+    """The body of every role actor: build the role where it runs, tick it until stop, drain it, snapshot it."""
+
+    def __init__(self, build: Callable[[Callable[[], bool]], Any], threads: int = 1):
+        """build(stopped) -> the role; `stopped` says when a blocking put or take inside it should give up."""
+        set_torch_threads(threads)
+        self._stop = threading.Event()
+        self.role = build(self._stop.is_set)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def incarnation(self) -> tuple[int, bool]:
+        """(pid, whether Ray restarted this actor to get here): a restart during start-up has no old pid to differ
+        from"""
+        import warnings
+        with warnings.catch_warnings():  # Ray's property uses its own deprecated actor_id internally
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return os.getpid(), bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+    @ray.method(concurrency_group="loop")
+    def run(self, backoff_s: float = 0.0) -> None:
+        """Tick until stop; a tick with nothing to do (every env waits on the gate) backs off `backoff_s`."""
+        while not self._stop.is_set():
+            if not self.role.tick() and backoff_s > 0:
+                time.sleep(backoff_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def drain(self) -> Any:
+        return self.role.drain()
+
+    def state(self) -> dict[str, Any]:
+        return self.role.state()
+
+    def call(self, method: str, *args: Any) -> Any:
+        """A role's own method (the learner's publish and policy_state, the world model's checkpoint bytes)."""
+        return getattr(self.role, method)(*args)
+
+
+# One class per kind of role, so `ray list actors` and process titles (ray::WorkerActor.run) say which is which.
+# Rendering (MuJoCo's EGL context) must stay on one thread: `run` has a one-thread group, the other methods (drain,
+# stop, pid) the default pool. On any pool thread, a second loop failed with EGL_BAD_ACCESS (the context was
+# current on the thread of the first).
+@ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"loop": 1})
+class WorkerActor(RoleHost):
+    """A simulator rollout producer (restartable)."""
+
+
+@ray.remote(concurrency_groups={"loop": 1})
+class LearnerActor(RoleHost):
+    """The learner consumer."""
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"loop": 1})
+class ImaginationActor(RoleHost):
+    """An imagination producer (restartable)."""
+
+
+@ray.remote(concurrency_groups={"loop": 1})
+class WMTrainerActor(RoleHost):
+    """The online world-model trainer."""
+
+
+# --- restarts ------------------------------------------------------------------------------------------------------
+def resubmit_dead(runs: dict[int, Any], handles: list, release: Callable[[int], None], timeout_s: float,
+                  backoff_s: float) -> None:
+    """Restartable roles: Ray restarts a dead process (max_restarts) but not the loop it ran. Submit each finished
+    loop again; if its process died, first give what it was admitted for and never delivered back to the gate
+    (`release(index)`; the restart itself is counted by its new pid when drained)."""
+    for w, ref in list(runs.items()):
+        if ray.wait([ref], timeout=0)[0]:
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.RayActorError:  # died (or still restarting): the new loop waits for the process
+                release(w)
+            runs[w] = handles[w].run.remote(backoff_s)
+
+
+def ensure_running(ref, what: str, timeout_s: float) -> None:
+    """A role that is not restartable (learner, world-model trainer) never returns while running: surface its
+    error, or say that it stopped."""
+    if ray.wait([ref], timeout=0)[0]:
+        ray.get(ref, timeout=timeout_s)
+        raise RuntimeError(f"the {what} stopped unexpectedly")
+
+
+# --- builders (picklable; called inside the actor) ---------------------------------------------------------------
+class BuildSimProducer:
+    """A rollout worker over the run's training envs, pipelined, paced by the named gate, into the named queue."""
+
+    def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str], task_by_id: dict):
+        self.worker_id, self.cfg, self.make_env, self.make_latency = worker_id, cfg, make_env, make_latency
+        self.names, self.task_by_id = names, task_by_id
+
+    def __call__(self, stopped: Callable[[], bool]) -> RolloutProducer:
+        from acce.runtime.worker import RolloutWorker
+        cfg, t = self.cfg, self.cfg.runtime.timeout_s
+        queue = named(self.names["queue"], queue_maxsize=cfg.runtime.queue_capacity)
+        env = self.make_env(self.worker_id)
+        worker = RolloutWorker(env, RemotePolicy(named(self.names["server"]), t), worker_id=self.worker_id,
+                               gate=RemoteGate(named(self.names["gate"]), t), pipelined=True, **rollout_kwargs(cfg),
+                               latency=self.make_latency(self.worker_id) if self.make_latency else None)
+        sampler = getattr(env, "task_sampler", None)
+
+        def on_episode(ep: dict) -> None:  # this process's own curriculum (the driver keeps the logged one)
+            if sampler is not None and hasattr(sampler, "update") and ep["task_id"] in self.task_by_id:
+                sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
+        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), on_episode=on_episode)
+
+
+class BuildLearner:
+    """The learner consumer over the sim queue (or MixedBatches with imagination), publishing to the weight store
+    and every server in one ray.put, reporting to the named gate."""
+
+    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, gate_name: str, mixed=None,
+                 device: str = "cpu"):
+        """device: 'cpu' or 'cuda' (acce.device.role_device), resolved where the actor runs; mixed: imagination on,
+        ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
+        self.learner_state, self.cfg, self.queue, self.servers = learner_state, cfg, queue, servers
+        self.weight_store, self.gate_name, self.mixed, self.device = weight_store, gate_name, mixed, device
+
+    def __call__(self, stopped: Callable[[], bool]) -> LearnerConsumer:
+        from acce.device import place, resolve_device
+        from acce.policy.vla import VLAPolicy
+        from acce.runtime.learner import make_learner
+        cfg, t = self.cfg, self.cfg.runtime.timeout_s
+        # placed before the optimizer exists, so its moments are built (and loaded) on the policy's device
+        policy = place(VLAPolicy.from_state(self.learner_state["policy"]), resolve_device(self.device),
+                       cfg.runtime.amp)
+        learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
+        learner.load_state_dict(self.learner_state)
+        queue, servers, store = self.queue, self.servers, self.weight_store
+
+        def publish(version: int, state: Any) -> None:
+            ref = ray.put(state)  # one copy in the object store, zero-copy reads for every server
+            ray.get([store.publish.remote(version, ref)] + [s.load_weights.remote(version, ref) for s in servers],
+                    timeout=t)
+
+        def get_sim(n: int) -> list | None:
+            batch = []
+            while len(batch) < n and not stopped():
+                try:
+                    batch.append(queue.get(timeout=1.0))
+                except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
+                    continue
+            return batch if len(batch) == n else None
+        b, mixed = cfg.learner.batch_segments, self.mixed
+        return LearnerConsumer(learner, (lambda: mixed.take(get_sim)) if mixed is not None else (lambda: get_sim(b)),
+                               publish, RemoteGate(named(self.gate_name), t),
+                               mix=mixed.metrics if mixed is not None else None, stamp_wait=True)
