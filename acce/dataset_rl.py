@@ -4,11 +4,11 @@ training episodes, RL in imagination from their recorded states, and the imagine
 - World model: `wm.*` built for the dataset's env spec (state and action widths, cameras, control rate, image size)
   and trained `dataset.wm_steps` steps by `acce wm-pretrain`'s trainer (worldmodel.pretrain.train_model) on the
   training episodes, labelled by acce.dataset_labels, validated on the held-out ones; saved as RUN/wm/worldmodel.pt.
-- RL (`train.max_versions` > 0): the local runtime's async loop with imagination workers only. An ImaginationWorker
+- RL (`train.max_versions` > 0): the local runtime's roles with an imagination producer only. An ImaginationWorker
   (a RolloutWorker over an ImaginedEnv, stamping source=imagined and wm_version) branches from frames of the training
-  episodes, its inference server runs the learner's newest weights, a StalenessGate paces it and the learner
-  (learner.*: PPO/GIPO, delay-aware credit) updates on every learner.batch_segments segments until
-  train.max_versions or train.max_wall_s. Rewards, termination and success are the world model's heads; the world
+  episodes, its inference server runs the learner's newest weights, the run's gate (runtime.mode: a StalenessGate
+  when async) paces it and the learner consumer (learner.*: PPO/GIPO, delay-aware credit) updates on every
+  learner.batch_segments segments until train.max_versions or train.max_wall_s. Rewards, termination and success are the world model's heads; the world
   model stays fixed (no new real data arrives to co-train it on).
 - Imagined success: the acce Evaluator (deterministic actions, exactly the first n start seeds) with an ImaginedEnv in
   place of the simulator, n = eval.test_episodes_per_task branches from states of the held-out episodes (training
@@ -85,11 +85,16 @@ def _server(policy_state: dict[str, Any], like, **kw):
 
 def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], metrics,
                       progress: bool = True) -> dict[str, Any]:
-    """Learner updates on imagined segments only, until train.max_versions (or train.max_wall_s); returns counters."""
+    """Learner updates on imagined segments only, until train.max_versions (or train.max_wall_s); returns counters.
+
+    The local runtime's roles (acce/runtime/roles.py) in its order, with an imagination producer in place of the
+    simulator's: the producer ticks into the bounded queue, then the learner consumer ticks while a batch is ready
+    (it publishes to the server and reports to the gate)."""
     from tqdm import tqdm
 
-    from acce.runtime.imagination import IMAGINATION_WORKER_ID0, ImaginationWorker, rollout_kwargs
-    from acce.runtime.queue import RolloutQueue, StalenessGate
+    from acce.runtime.imagination import IMAGINATION_WORKER_ID0, ImaginationWorker
+    from acce.runtime.queue import RolloutQueue
+    from acce.runtime.roles import LearnerConsumer, RolloutProducer, make_gate, rollout_kwargs
     from acce.wiring import imagined_env_factory
 
     lc, t = cfg.learner, cfg.train
@@ -99,49 +104,52 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
     server = _server(learner.policy.policy_state(), learner.policy, max_batch=cfg.runtime.max_batch,
                      timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7,
                      ship_features=lc.train_scope == "residual")
-    gate = StalenessGate(lc.batch_segments, lc.steps_per_update, lc.max_staleness, learner.version)
+    gate = make_gate(cfg, cfg.imagination.num_envs, learner.version)
     worker = ImaginationWorker(imagined_env_factory(cfg), server, worker_id=IMAGINATION_WORKER_ID0, gate=gate,
                                **rollout_kwargs(cfg))
     worker.offer(_publication(model, start_episodes))
     queue = RolloutQueue(cfg.runtime.queue_capacity)
-    server.load_weights(learner.version, learner.trainable_state())
-    episodes: list[dict[str, Any]] = []
-    last: dict[str, float] = {}
-    """the latest update's metrics (the learner's running totals of what it consumed, by source)"""
+
+    def take() -> list | None:
+        return queue.get_batch(lc.batch_segments) if len(queue) >= lc.batch_segments else None
+
+    def put(segment) -> None:  # one process: a full queue cannot wait for the learner, so the learner runs first
+        while not queue.try_put(segment):
+            if not consumer.tick():
+                raise RuntimeError("the imagined queue is full but holds no learner batch (runtime.queue_capacity < "
+                                   "learner.batch_segments?)")
+
+    consumer = LearnerConsumer(learner, take, server.load_weights, gate)
+    producer = RolloutProducer(worker, put)
+    consumer.publish()
     t0 = time.time()
-    bar = tqdm(total=t.max_versions - version0, desc="RL in imagination", unit="ver", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=t.max_versions, desc="RL in imagination", unit="ver", disable=not progress, dynamic_ncols=True)
 
     def done() -> bool:
         return learner.version - version0 >= t.max_versions or (t.max_wall_s > 0 and time.time() - t0 >= t.max_wall_s)
 
-    def update() -> None:
-        before = learner.version
-        upd = learner.update(queue.get_batch(lc.batch_segments))
-        gate.consumed(learner.updates - updates0, learner.version)  # what the update really reached
-        server.load_weights(learner.version, learner.trainable_state())
-        metrics.scalars(upd, learner.version)
-        last.update(upd)
-        bar.update(learner.version - before)
-
+    episodes: list[dict[str, Any]] = []
+    last: dict[str, float] = {}
+    """the latest update's metrics (the learner's running totals of what it consumed, by source)"""
     idle = 0
     try:
         while not done():
-            segments = worker.collect(min_segments=1, max_steps=64)
-            for seg in segments:  # one process: a full queue cannot wait for the learner, so the learner runs first
-                while not queue.try_put(seg):
-                    update()
-            episodes += worker.drain_episodes()
-            while len(queue) >= lc.batch_segments and not done():
-                update()
-            idle = 0 if segments else idle + 1
+            produced = producer.tick()
+            while not done() and consumer.tick():
+                pass
+            for upd in consumer.drain()[0]:
+                metrics.scalars(upd, int(upd.get("learner/version", learner.version)))
+                last.update(upd)
+            episodes += producer.drain()[0]
+            bar.update(learner.version - version0 - bar.n)
+            idle = 0 if produced else idle + 1
             if idle > 1000:
                 raise RuntimeError("RL in imagination stalled: the imagination worker produced no segment in 1000 "
-                                   "turns (every branch waits on the staleness gate); raise learner.max_staleness")
-        env_stats = worker.stats()
+                                   "turns (every branch waits on the gate); raise learner.max_staleness")
+        counters = producer.stats().counters
     finally:
         bar.close()
-        worker.close()
+        producer.close()
     imagined = [e for e in episodes if e["source"] == "imagined"]
     if imagined:
         recent = imagined[-200:]
@@ -149,11 +157,11 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
                          f"episode/return/imagined/{TASK}": sum(e["return"] for e in recent) / len(recent)},
                         learner.version)
     return {"versions": learner.version - version0, "updates": learner.updates - updates0, "source": "imagined",
-            "imagined_steps": int(env_stats["env_steps"]), "imagined_episodes": len(imagined),
+            "imagined_steps": int(counters["env_steps"]), "imagined_episodes": len(imagined),
             "imagined_training_success": (sum(e["success"] for e in imagined) / len(imagined)) if imagined else None,
             "consumed_imagined_steps": last.get("learner/consumed_imagined_steps"),
             "consumed_sim_steps": last.get("learner/consumed_env_steps"),
-            "wm_version": int(env_stats["wm_version"]), "wall_s": time.time() - t0}
+            "wm_version": int(counters["wm_version"]), "wall_s": time.time() - t0}
 
 
 class _ImaginedEvalEnvs:
