@@ -8,8 +8,8 @@ training episodes, RL in imagination from their recorded states, and the imagine
   (a RolloutWorker over an ImaginedEnv, stamping source=imagined and wm_version) branches from frames of the training
   episodes, its inference server runs the learner's newest weights, the run's gate (runtime.mode: a StalenessGate
   when async) paces it and the learner consumer (learner.*: PPO/GIPO, delay-aware credit) updates on every
-  learner.batch_segments segments until train.max_versions or train.max_wall_s. Rewards, termination and success are the world model's heads; the world
-  model stays fixed (no new real data arrives to co-train it on).
+  learner.batch_segments segments until train.max_versions or train.max_wall_s. Rewards, termination and success
+  are the world model's heads; the world model stays fixed (no new real data arrives to co-train it on).
 - Imagined success: the acce Evaluator (deterministic actions, exactly the first n start seeds) with an ImaginedEnv in
   place of the simulator, n = eval.test_episodes_per_task branches from states of the held-out episodes (training
   ones when none are held out), for version 0 and the final policy on the same starts. It is the world model's
