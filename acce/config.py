@@ -312,11 +312,9 @@ class Config:
             raise ConfigError(f"policy.chunk_len={self.policy.chunk_len} must cover rollout.execution_horizon + "
                               f"policy.max_delay_steps = {self.rollout.execution_horizon + self.policy.max_delay_steps}"
                               "; raise policy.chunk_len or lower the execution horizon / max delay")
-        if self.bc.random_delay_steps > self.policy.max_delay_steps or (
-                self.bc.random_delay_steps and not self.learner.delay_correction):
-            raise ConfigError(f"bc.random_delay_steps={self.bc.random_delay_steps} clones the delay-aware inputs: it "
-                              "needs learner.delay_correction=true and at most policy.max_delay_steps="
-                              f"{self.policy.max_delay_steps}")
+        if self.bc.random_delay_steps > self.policy.max_delay_steps:
+            raise ConfigError(f"bc.random_delay_steps={self.bc.random_delay_steps} exceeds policy.max_delay_steps="
+                              f"{self.policy.max_delay_steps}, the longest committed prefix the policy reads")
         if self.learner.batch_segments > self.runtime.queue_capacity:
             raise ConfigError(f"learner.batch_segments={self.learner.batch_segments} can never fill "
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")

@@ -54,8 +54,6 @@ def test_random_delay_draws_every_latency_up_to_the_bound_and_zero_by_default():
     assert set(d.tolist()) == {0, 1, 2, 3}
     with pytest.raises(ValueError, match="random_delay_steps"):
         DemoDataset([episode(3)], chunk_len=6, max_delay=2, action_dim=2, random_delay_steps=3)
-    with pytest.raises(Exception, match="delay_correction=true"):
-        load(None, ["bc.random_delay_steps=2", "policy.max_delay_steps=2", "learner.delay_correction=false"])
     with pytest.raises(Exception, match="max_delay_steps"):
         load(None, ["bc.random_delay_steps=3", "policy.max_delay_steps=2"])
 
