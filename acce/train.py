@@ -115,24 +115,14 @@ class Trainer:
 
     def make_runtime(self, learner):
         from acce import wiring
-        cfg = self.cfg
 
         def on_episode(ep):
             task = TASK_BY_ID.get(ep["task_id"])
             if task is not None and ep.get("source", "sim") != "imagined":  # the curriculum follows real episodes
                 self.sampler.update(task, ep["success"])
-        make_env = wiring.rollout_env_factory(cfg, self.sampler if cfg.runtime.kind == "local" else None)
-        kw = {"make_latency": wiring.latency_factory(cfg), "on_episode": on_episode}
-        if cfg.imagination.enabled:
-            wm_resume = self.run_dir / "checkpoints" / "worldmodel.pt"
-            kw["make_imagined_env"] = wiring.imagined_env_factory(cfg)
-            kw["make_wm_trainer"] = wiring.wm_trainer_factory(
-                cfg, str(wm_resume) if self.resume_data is not None and wm_resume.is_file() else None)
-        if cfg.runtime.kind == "local":
-            from acce.runtime.local import LocalRuntime
-            return LocalRuntime(cfg, learner, make_env, **kw)
-        from acce.runtime.ray_runtime import RayRuntime
-        return RayRuntime(cfg, learner, make_env, **kw)
+        wm = self.run_dir / "checkpoints" / "worldmodel.pt"
+        return wiring.make_runtime(self.cfg, learner, sampler=self.sampler, on_episode=on_episode,
+                                   wm_resume=str(wm) if self.resume_data is not None and wm.is_file() else None)
 
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
     def evaluate(self, policy_state: dict[str, Any], version: int, video: bool, split: str = "val"
@@ -207,19 +197,12 @@ class Trainer:
             runtime.start()
             while not self._reached_target():  # (the warm start may already be there)
                 out = runtime.poll()
-                stats = runtime.stats()
-                self.counters["env_steps"] = steps0 + stats["env_steps"]
-                self.counters["imagined_steps"] = imagined0 + stats.get("imagined_steps", 0)
-                self.counters["wall_s"] = wall0 + time.time() - t_start
-                self._count_restarts(restarts0 + stats.get("restarts", 0))
-                version = stats["learner_version"]
-                for upd in out["updates"]:
+                stats = self._count(runtime.stats(), steps0, imagined0, restarts0, wall0 + time.time() - t_start)
+                version = stats.learner_version
+                for upd in out.updates:
                     self._record_update(upd, version)
                     bar.update(1)
-                for ep in out["episodes"]:
-                    imagined = ep.get("source") == "imagined"
-                    self.counters["imagined_episodes" if imagined else "episodes"] += 1
-                    (recent_imagined if imagined else recent).append(ep)
+                self._note_episodes(out.episodes, recent, recent_imagined)
                 recent, recent_imagined = recent[-200:], recent_imagined[-200:]
                 elapsed = self.counters["wall_s"] - wall0
                 if elapsed - last_log >= cfg.train.log_every_s or not self.progress:
@@ -235,22 +218,15 @@ class Trainer:
                 if self._budget_done(elapsed, version):
                     break
             tail = runtime.stop()
-            for upd in tail["updates"]:
+            for upd in tail.updates:
                 self._record_update(upd, 0)
-            for ep in tail["episodes"]:
-                imagined = ep.get("source") == "imagined"
-                self.counters["imagined_episodes" if imagined else "episodes"] += 1
-                (recent_imagined if imagined else recent).append(ep)
-            final_stats = runtime.stats()
-            self._count_restarts(restarts0 + final_stats.get("restarts", 0))
-            self.counters["env_steps"] = steps0 + final_stats["env_steps"]
-            self.counters["imagined_steps"] = imagined0 + final_stats.get("imagined_steps", 0)
-            self.counters["wall_s"] = wall0 + time.time() - t_start
+            self._note_episodes(tail.episodes, recent, recent_imagined)
+            final_stats = self._count(runtime.stats(), steps0, imagined0, restarts0, wall0 + time.time() - t_start)
             # one last progress point: episodes that finished since the last (time-gated) log, and the tail's,
             # would otherwise never reach TensorBoard or the learning curve (a short run could log none at all)
-            self._log_progress(final_stats, recent[-200:], final_stats["learner_version"],
+            self._log_progress(final_stats, recent[-200:], final_stats.learner_version,
                                self.counters["wall_s"] - wall0, recent_imagined[-200:])
-            final_version = self.final_version = final_stats["learner_version"]
+            final_version = self.final_version = final_stats.learner_version
             if cfg.eval.every_versions and self.history[-1:] and self.history[-1]["version"] != final_version:
                 self.evaluate(runtime.policy_state(), final_version, video=False, split="val")  # the curve's end
             reported, reported_version = runtime.policy_state(), final_version
@@ -278,7 +254,7 @@ class Trainer:
             if len(rows) >= 2:
                 print(format_rl_table(rows[0], rows[-1], cfg.env.tasks))
             if cfg.train.select_on_val and self.selected is not None:
-                print(f"final = version {self.selected['version']} of {final_stats['learner_version']}, selected on "
+                print(f"final = version {self.selected['version']} of {final_stats.learner_version}, selected on "
                       f"validation seeds (mean success {self.selected['val_success']:.2f}); its checkpoint: "
                       f"{self.run_dir / 'checkpoints' / 'selected.pt'}")
             print(f"run dir {self.run_dir}: {summary['learner_version']} learner versions, "
@@ -301,6 +277,20 @@ class Trainer:
             (t.max_env_steps > 0 and self.counters["env_steps"] >= t.max_env_steps) or \
             (t.max_versions > 0 and version >= t.max_versions)
 
+    def _count(self, stats, steps0: int, imagined0: int, restarts0: int, wall_s: float):
+        """Run totals from the runtime's RuntimeStats (this run's counts on top of a resumed run's)."""
+        self.counters["env_steps"] = steps0 + stats.env_steps
+        self.counters["imagined_steps"] = imagined0 + (stats.imagined_steps if stats.imagination else 0)
+        self.counters["wall_s"] = wall_s
+        self._count_restarts(restarts0 + stats.restarts)
+        return stats
+
+    def _note_episodes(self, episodes, recent: list, recent_imagined: list) -> None:
+        for ep in episodes:
+            imagined = ep.get("source") == "imagined"
+            self.counters["imagined_episodes" if imagined else "episodes"] += 1
+            (recent_imagined if imagined else recent).append(ep)
+
     def _count_restarts(self, total: int) -> None:
         """Rollout workers Ray restarted after their process died: counted (summary, TensorBoard) and said once
         each on stderr, even with --quiet (a fault the user must know about, not progress)."""
@@ -311,18 +301,18 @@ class Trainer:
 
     def _postfix(self, stats, recent, elapsed) -> dict[str, str]:
         succ = np.mean([e["success"] for e in recent]) if recent else float("nan")
-        return {"env_sps": f"{stats['env_steps'] / max(elapsed, 1e-6):.0f}", "ver": stats["learner_version"],
+        return {"env_sps": f"{stats.env_steps / max(elapsed, 1e-6):.0f}", "ver": stats.learner_version,
                 "succ": f"{succ:.2f}", "stale": f"{self.metrics.last.get('staleness/mean', 0):.1f}"}
 
     def _log_progress(self, stats, recent, version, elapsed, recent_imagined=()) -> None:
         m = {"progress/env_steps": self.counters["env_steps"], "progress/episodes": self.counters["episodes"],
              "progress/wall_s": self.counters["wall_s"],
-             "throughput/env_sps": stats["env_steps"] / max(elapsed, 1e-6),
+             "throughput/env_sps": stats.env_steps / max(elapsed, 1e-6),
              "throughput/learner_sps": version / max(elapsed, 1e-6),
-             "weights/publish_lag": stats["learner_version"] - stats["server_version"],
-             "weights/swap_ms": stats.get("swap_ms", 0.0), "queue/size": stats["queue_size"],
+             "weights/publish_lag": stats.learner_version - stats.server_version,
+             "weights/swap_ms": stats.swap_ms, "queue/size": stats.queue_size,
              "progress/worker_restarts": float(self.counters.get("worker_restarts", 0)),
-             **inference_metrics(stats.get("server", {}))}
+             **inference_metrics(stats.server)}
         point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
         for task in self.cfg.env.tasks:
             for source, pool in (("sim", recent), ("imagined", recent_imagined)):
@@ -333,11 +323,11 @@ class Trainer:
                     m[f"episode/length/{source}/{task}"] = float(np.mean([e["length"] for e in eps]))
                     if source == "sim":
                         point[f"train/{task}"] = m[f"episode/success/sim/{task}"]
-        if "imagined_steps" in stats:  # imagination on: its throughput, queue and world-model metrics
-            m.update({"throughput/imagined_sps": stats["imagined_steps"] / max(elapsed, 1e-6),
+        if stats.imagination is not None:  # imagination on: its throughput, queue and world-model metrics
+            m.update({"throughput/imagined_sps": stats.imagined_steps / max(elapsed, 1e-6),
                       "progress/imagined_steps": self.counters["imagined_steps"],
                       "progress/imagined_episodes": self.counters["imagined_episodes"],
-                      "queue/imagined_size": stats["imagined_queue_size"], **stats["wm"]})
+                      "queue/imagined_size": stats.imagined_queue_size, **stats.wm})
         self.curve.append(point)
         for task, p in zip(self.sampler.tasks, self.sampler.probabilities()):
             m[f"curriculum/p/{task}"] = float(p)
@@ -369,23 +359,23 @@ class Trainer:
 
     def _summary(self, results, stats) -> dict[str, Any]:
         wall = self.counters["wall_s"]
-        return {"learner_version": stats["learner_version"], "env_steps": self.counters["env_steps"],
+        return {"learner_version": stats.learner_version, "env_steps": self.counters["env_steps"],
                 "env_steps_consumed": self.counters.get("env_steps_consumed", 0), "wall_s": wall,
                 "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
-                "actor_idle_frac": stats.get("actor_idle_frac"), "learner_idle_frac": stats.get("learner_idle_frac"),
+                "actor_idle_frac": stats.actor_idle_frac, "learner_idle_frac": stats.learner_idle_frac,
                 "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
                 "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
                 "job_wall_s": time.time() - self.job_t0, **machine_info(),
                 "worker_restarts": self.counters.get("worker_restarts", 0),
                 "test": self._test_summary(),
                 **{f"inference_{k.removeprefix('inference/')}": v
-                   for k, v in inference_metrics(stats.get("server", {})).items()},
+                   for k, v in inference_metrics(stats.server).items()},
                 "imagination": {"imagined_steps": self.counters["imagined_steps"],
                                 "imagined_episodes": self.counters["imagined_episodes"],
-                                **{k: v for k, v in stats.get("wm", {}).items() if not k.startswith("wm/loss/")},
+                                **{k: v for k, v in stats.wm.items() if not k.startswith("wm/loss/")},
                                 **{k: self.metrics.last[k] for k in ("queue/consumed/imagined", "queue/consumed/sim",
                                                                      "queue/imagined_shortfall")
-                                   if k in self.metrics.last}} if "imagined_steps" in stats else None,
+                                   if k in self.metrics.last}} if stats.imagination is not None else None,
                 "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
                 "history": self.history, "curve": self.curve}
 

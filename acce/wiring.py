@@ -136,6 +136,21 @@ def rollout_env_factory(cfg, sampler=None):
     return _RolloutEnvFactory(cfg, sampler)
 
 
+def make_runtime(cfg, learner, *, sampler=None, on_episode=None, wm_resume: str | None = None):
+    """The runtime of `runtime.kind` over this run's factories. sampler: the driver's curriculum (the local runtime's
+    envs sample from it; Ray workers keep their own); wm_resume: a world-model checkpoint to continue."""
+    make_env = rollout_env_factory(cfg, sampler if cfg.runtime.kind == "local" else None)
+    kw = {"make_latency": latency_factory(cfg), "on_episode": on_episode}
+    if cfg.imagination.enabled:
+        kw["make_imagined_env"] = imagined_env_factory(cfg)
+        kw["make_wm_trainer"] = wm_trainer_factory(cfg, wm_resume)
+    if cfg.runtime.kind == "local":
+        from acce.runtime.local import LocalRuntime
+        return LocalRuntime(cfg, learner, make_env, **kw)
+    from acce.runtime.ray_runtime import RayRuntime
+    return RayRuntime(cfg, learner, make_env, **kw)
+
+
 class _LatencyFactory:
     def __init__(self, cfg):
         self.cfg = cfg

@@ -15,13 +15,15 @@ stamped with the version at its decision point (a chunk can span a swap, like be
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import threading
 from collections import deque
 from typing import Any, Callable
 
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import RolloutQueue, StalenessGate
-from acce.runtime.roles import ImaginationStats, rollout_kwargs  # noqa: F401 (rollout_kwargs: re-exported)
+from acce.runtime.roles import ImaginationStats, RolloutProducer, rollout_kwargs
 from acce.runtime.worker import RolloutWorker
 from acce.store.recorder import RecordingEnv
 from acce.types import Episode, Segment
@@ -50,9 +52,15 @@ class WMTrainerRole:
     `wm_train_ratio` optimizer steps per real transition received (0: unlimited), in chunks of
     `wm_steps_per_publish`, once `wm_min_episodes` episodes are buffered."""
 
-    def __init__(self, make_trainer: Callable[[Episode], Any], icfg):
-        self.make_trainer, self.icfg = make_trainer, icfg
+    def __init__(self, make_trainer: Callable[[Episode], Any], icfg, *,
+                 take: Callable[[], list[Episode]] | None = None,
+                 publish: Callable[[dict[str, Any]], None] | None = None):
+        """take(): real episodes recorded since the last tick; publish(publication): hand a new world-model version
+        to the imagination producers (both wired by the placement; `tick` needs them)"""
+        self.make_trainer, self.icfg, self.take, self.publish = make_trainer, icfg, take, publish
         self.trainer = None
+        self.lock = threading.Lock()
+        """held while a tick trains and publishes: a checkpoint never sees a half-applied optimizer step"""
         self.fresh: deque[Episode] = deque(maxlen=icfg.start_episodes_per_publish)
         """newest real episodes: the start states every publication carries"""
         self.real_episodes, self.real_transitions, self.trained_steps = 0, 0, 0
@@ -114,6 +122,25 @@ class WMTrainerRole:
         return {"version": version, "desc": self.trainer.model.describe(), "state": state,
                 "episodes": list(self.fresh)}
 
+    def tick(self) -> bool:
+        """Role tick: add what was recorded, train within the allowance, publish when due; False when idle."""
+        episodes = self.take() if self.take is not None else []
+        with self.lock:
+            if episodes:
+                self.add_episodes(episodes)
+            trained = self.train()
+            pub = self.publication()
+        if pub is not None and self.publish is not None:
+            self.publish(pub)
+        return bool(trained or episodes)
+
+    def drain(self) -> dict[str, float]:
+        with self.lock:
+            return self.metrics()
+
+    def state(self) -> dict[str, Any]:
+        return {}  # the world model is checkpointed as its own file (save, to_bytes)
+
     def metrics(self) -> dict[str, float]:
         out = dict(self.last_metrics)
         out.update({"wm/version": float(self.version), "wm/published_version": float(self.published_version),
@@ -127,6 +154,14 @@ class WMTrainerRole:
             return False
         self.trainer.save(path)
         return True
+
+    def to_bytes(self) -> bytes | None:
+        """The world model as `save` writes it, for a driver in another process (it owns the run directory)."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "worldmodel.pt")
+            with self.lock:
+                saved = self.save(path)
+            return open(path, "rb").read() if saved else None
 
 
 class ImaginationWorker:
@@ -219,13 +254,14 @@ def imagination_metrics(worker_stats: list[dict[str, Any]], trainer_version: int
 
 
 class LocalImagination:
-    """The imagination pipeline in the local runtime's one process: each `turn` feeds recorded episodes to the
-    trainer, trains within its allowance, publishes, and lets one imagination worker collect. Deterministic."""
+    """The imagination roles in the local runtime's one process: each `turn` ticks the world-model trainer (it feeds
+    the recorded episodes, trains within its allowance, publishes to every imagination worker) and then one
+    imagination producer. Deterministic."""
 
     def __init__(self, cfg, server, make_imagined_env, make_wm_trainer, make_latency=None):
         icfg, lc = cfg.imagination, cfg.learner
-        self.role = WMTrainerRole(make_wm_trainer, icfg)
         self.pending: list[Episode] = []
+        self.role = WMTrainerRole(make_wm_trainer, icfg, take=self._take_pending, publish=self._offer)
         n_imagined = icfg.imagined_per_batch(lc.batch_segments)
         self.gate = StalenessGate(n_imagined, lc.steps_per_update, lc.max_staleness)
         self.queue = RolloutQueue(icfg.queue_capacity)
@@ -233,12 +269,22 @@ class LocalImagination:
                                           gate=self.gate, **rollout_kwargs(cfg),
                                           latency=make_latency(IMAGINATION_WORKER_ID0 + w) if make_latency else None)
                         for w in range(icfg.num_workers)]
+        # the queue never blocks here: turn() lets a producer tick only when its segments fit
+        self.producers = [RolloutProducer(w, lambda seg: self.queue.put(seg, timeout_s=0)) for w in self.workers]
         self.mixer = SourceMixer(lc.batch_segments, n_imagined)
         self.record_fraction = icfg.record_fraction
         self._turn = 0
 
     def sink(self, episodes: list[Episode]) -> None:
         self.pending.extend(episodes)
+
+    def _take_pending(self) -> list[Episode]:
+        eps, self.pending = self.pending, []
+        return eps
+
+    def _offer(self, publication: dict[str, Any]) -> None:
+        for w in self.workers:
+            w.offer(publication)
 
     def wrap_env_factory(self, make_env):
         return RecordingEnvFactory(make_env, self.sink, self.record_fraction)
@@ -250,22 +296,14 @@ class LocalImagination:
         self.mixer.on_shortfall = on_shortfall
 
     def turn(self) -> list[dict[str, Any]]:
-        if self.pending:
-            self.role.add_episodes(self.pending)
-            self.pending.clear()
-        self.role.train()
-        pub = self.role.publication()
-        if pub is not None:
-            for w in self.workers:
-                w.offer(pub)
-        w = self.workers[self._turn % len(self.workers)]
+        self.role.tick()
+        p = self.producers[self._turn % len(self.producers)]
         self._turn += 1
         # one process cannot block on a full queue: a worker collects only when its envs' segments fit
         # (one collect returns at most num_envs segments)
-        if len(self.queue) + max(w.num_envs, 1) <= self.queue.capacity:
-            for seg in w.collect(min_segments=1, max_steps=64):
-                self.queue.put(seg, timeout_s=0)
-        return [{**ep, "worker_id": w.worker_id} for ep in w.drain_episodes()]
+        if len(self.queue) + max(p.worker.num_envs, 1) <= self.queue.capacity:
+            p.tick()
+        return p.drain()[0]
 
     def take_batch(self, sim_queue: RolloutQueue) -> list[Segment] | None:
         """A mixed batch when the simulator queue can complete one now (never waits), else None."""

@@ -1,9 +1,9 @@
 """runtime: ray — the imagination roles as Ray actors beside the sim workers (acce/runtime/imagination.py).
 
-  sim WorkerActor env = RecordingEnv --_QueueSink: episode Queue (bounded; full: drop, count)--> WMTrainerActor
-  WMTrainerActor --publish (one ray.put)--> WeightStore actor (world-model versions) <--poll-- ImaginationActor(s)
-  ImaginationActor (restartable) --infer--> the sim workers' InferenceServer;  --segments--> imagined Queue (bounded)
-  LearnerActor --MixedBatches: n_sim from the sim queue, then up to n_imagined imagined without waiting--> update
+  sim producer env = RecordingEnv --_QueueSink: episode Queue (bounded; full: drop, count)--> world-model trainer
+  trainer --publish (one ray.put)--> WeightStore actor (world-model versions) <--pull-- imagination producer(s)
+  imagination producer (restartable) --infer--> the sim workers' InferenceServer; --segments--> imagined Queue
+  learner consumer --MixedBatches: n_sim from the sim queue, then up to n_imagined imagined without waiting--> update
 
 Imagination actors pull the latest publication, so a restarted one catches up by itself. Every remote wait has a
 timeout (runtime.timeout_s; actor start-up runtime.startup_timeout_s).
@@ -11,8 +11,6 @@ timeout (runtime.timeout_s; actor start-up runtime.startup_timeout_s).
 from __future__ import annotations
 
 import os
-import tempfile
-import threading
 import time
 import uuid
 from typing import Any
@@ -21,12 +19,19 @@ import ray
 from ray.util.queue import Full, Queue
 
 from acce.runtime.imagination import (IMAGINATION_WORKER_ID0, ImaginationWorker, RecordingEnvFactory,
-                                      WMTrainerRole, imagination_metrics, rollout_kwargs)
+                                      WMTrainerRole, imagination_metrics)
 from acce.runtime.mixer import SourceMixer
-from acce.runtime.queue import StalenessGate
-from acce.runtime.ray_clients import named, set_torch_threads
-from acce.runtime.roles import ImaginationStats
+from acce.runtime.queue import StalenessGate, put_until_stopped
+from acce.runtime.ray_clients import named
+from acce.runtime.ray_roles import ImaginationActor, WMTrainerActor, ensure_running, resubmit_dead
+from acce.runtime.roles import ImaginationStats, ProducerStats, RolloutProducer, Tally, rebase, rollout_kwargs
 from acce.runtime.weights import WeightStore
+
+IMAGINATION_BACKOFF_S = 0.05
+"""no world model yet, or every env waits for fresher policy weights: each retry costs remote calls (gate, server
+version), so imagination backs off longer than a sim worker and leaves it the CPU"""
+TRAINER_BACKOFF_S = 0.1
+"""nothing to learn from yet: the world-model trainer waits for episodes"""
 
 
 def _qsize(queue: Queue, timeout_s: float) -> int:
@@ -85,119 +90,62 @@ class MixedBatches:
         return self.mixer.metrics(batch, learner_version)
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
-class ImaginationActor:
+class BuildImaginationProducer:
+    """An imagination worker that pulls the newest world model from the named store before each tick, paced by the
+    imagined gate, into the imagined queue (all found by name: the actor is restartable)."""
+
     def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str]):
         """names: the server, imagined gate and queue, and world-model store actors by name (ray_clients.named)."""
+        self.worker_id, self.cfg, self.make_env, self.make_latency, self.names = \
+            worker_id, cfg, make_env, make_latency, names
+
+    def __call__(self, stopped) -> RolloutProducer:
         from acce.runtime.ray_clients import RemoteGate, RemotePolicy
-        set_torch_threads(1)
-        t = cfg.runtime.timeout_s
-        server, gate, wm_store = named(names["server"]), named(names["gate"]), named(names["wm_store"])
+        cfg, t, names = self.cfg, self.cfg.runtime.timeout_s, self.names
+        wm_store = named(names["wm_store"])
         queue = named(names["queue"], queue_maxsize=cfg.imagination.queue_capacity)
-        self.queue, self.wm_store, self.timeout_s = queue, wm_store, t
-        self.worker = ImaginationWorker(make_env, RemotePolicy(server, t), worker_id=worker_id,
-                                        gate=RemoteGate(gate, t), **rollout_kwargs(cfg),
-                                        latency=make_latency(worker_id) if make_latency else None)
-        self.stopped = False
-        self.episodes: list[dict] = []
-        self._checked = 0.0
-        self._offered = -1
+        worker = ImaginationWorker(self.make_env, RemotePolicy(named(names["server"]), t), worker_id=self.worker_id,
+                                   gate=RemoteGate(named(names["gate"]), t), **rollout_kwargs(cfg),
+                                   latency=self.make_latency(self.worker_id) if self.make_latency else None)
+        seen = {"checked": 0.0, "offered": -1}
 
-    def pid(self) -> int:
-        return os.getpid()
-
-    def _sync_wm(self) -> None:
-        """Pull the newest world model (at most every 0.2 s); it is applied between control steps."""
-        if time.time() - self._checked < 0.2:
-            return
-        self._checked = time.time()
-        if ray.get(self.wm_store.latest_version.remote(), timeout=self.timeout_s) <= self._offered:
-            return
-        version, (ref,) = ray.get(self.wm_store.get.remote(), timeout=self.timeout_s)
-        self.worker.offer(ray.get(ref, timeout=self.timeout_s))
-        self._offered = version
-
-    def run(self) -> int:
-        while not self.stopped:
-            self._sync_wm()
-            segments = self.worker.collect(min_segments=1, max_steps=64)
-            for ep in self.worker.drain_episodes():
-                self.episodes.append({**ep, "worker_id": self.worker.worker_id})
-            for seg in segments:
-                self._put(seg)
-            if not segments and self.worker.idle:
-                # no world model yet, or every env waits for fresher policy weights: each retry costs remote calls
-                # (gate, server version), so imagination backs off longer than a sim worker and leaves it the CPU
-                time.sleep(0.05)
-        return self.worker.wm_version
-
-    def _put(self, seg) -> None:
-        """Block while the imagined queue is full (pacing), in slices so that stop() is heard; fail after timeout_s."""
-        deadline = time.time() + self.timeout_s
-        while not self.stopped:
-            try:
-                self.queue.put(seg, timeout=1.0)
+        def sync_wm() -> None:
+            """Pull the newest world model (at most every 0.2 s); it is applied between control steps."""
+            if time.time() - seen["checked"] < 0.2:
                 return
-            except Full:
-                if time.time() > deadline:
-                    raise TimeoutError(f"imagined queue stayed full for {self.timeout_s} s (is the learner alive?)")
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    def drain(self) -> dict:
-        eps, self.episodes = self.episodes, []
-        return {"episodes": eps, "stats": self.worker.stats(), "pid": os.getpid()}
+            seen["checked"] = time.time()
+            if ray.get(wm_store.latest_version.remote(), timeout=t) <= seen["offered"]:
+                return
+            version, (ref,) = ray.get(wm_store.get.remote(), timeout=t)
+            worker.offer(ray.get(ref, timeout=t))
+            seen["offered"] = version
+        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), refresh=sync_wm)
 
 
-@ray.remote
-class WMTrainerActor:
-    def __init__(self, cfg, make_trainer, episode_queue, wm_store, threads: int):
-        set_torch_threads(threads)
-        self.role = WMTrainerRole(make_trainer, cfg.imagination)
-        self.episode_queue, self.wm_store, self.timeout_s = episode_queue, wm_store, cfg.runtime.timeout_s
-        self.stopped = False
-        self.lock = threading.Lock()
-        """held by run() while it trains and publishes: a checkpoint never sees a half-applied optimizer step"""
+class BuildWMTrainer:
+    """The world-model trainer over the episode queue (drop counts noted per sink), publishing to the store."""
 
-    def ready(self) -> bool:
-        return True
+    def __init__(self, cfg, make_trainer, episode_queue, wm_store):
+        self.cfg, self.make_trainer, self.episode_queue, self.wm_store = cfg, make_trainer, episode_queue, wm_store
 
-    def run(self) -> int:
-        while not self.stopped:
-            items = _take_now(self.episode_queue, 256, self.timeout_s)
+    def __call__(self, stopped) -> WMTrainerRole:
+        t, queue, store = self.cfg.runtime.timeout_s, self.episode_queue, self.wm_store
+
+        def take() -> list:
+            items = _take_now(queue, 256, t)
             for item in items:
-                self.role.note_dropped(item["sink"], item["dropped"])
-            with self.lock:
-                if items:
-                    self.role.add_episodes([item["episode"] for item in items])
-                trained = self.role.train()
-                pub = self.role.publication()
-            if pub is not None:
-                # the reference travels inside a list so the store keeps the reference, not a copy of the model
-                ray.get(self.wm_store.publish.remote(pub["version"], [ray.put(pub)]), timeout=self.timeout_s)
-            if not trained and not items:
-                time.sleep(0.1)  # nothing to learn from yet: wait for episodes
-        return self.role.version
+                role.note_dropped(item["sink"], item["dropped"])
+            return [item["episode"] for item in items]
 
-    def stop(self) -> None:
-        self.stopped = True
-
-    def metrics(self) -> dict[str, float]:
-        with self.lock:
-            return self.role.metrics()
-
-    def checkpoint_bytes(self) -> bytes | None:
-        """The world model as `WorldModel.save` writes it (the driver owns the run directory)."""
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "worldmodel.pt")
-            with self.lock:
-                saved = self.role.save(path)
-            return open(path, "rb").read() if saved else None
+        def publish(pub: dict) -> None:
+            # the reference travels inside a list so the store keeps the reference, not a copy of the model
+            ray.get(store.publish.remote(pub["version"], [ray.put(pub)]), timeout=t)
+        role = WMTrainerRole(self.make_trainer, self.cfg.imagination, take=take, publish=publish)
+        return role
 
 
 class RayImagination:
-    """Creates, starts, watches and drains the imagination actors for RayRuntime."""
+    """Creates, starts, watches and drains the imagination roles for RayRuntime."""
 
     def __init__(self, cfg, server_name: str, make_imagined_env, make_wm_trainer, make_latency=None):
         """server_name: the run's inference server actor; this run's own actors are named next to it."""
@@ -215,13 +163,15 @@ class RayImagination:
             self.n_imagined, lc.steps_per_update, lc.max_staleness)
         self.trainer = WMTrainerActor.options(num_cpus=icfg.trainer_cpus, num_gpus=icfg.trainer_gpus,
                                               max_concurrency=2).remote(
-            cfg, make_wm_trainer, self.episode_queue, self.wm_store, rt.torch_threads)
+            BuildWMTrainer(cfg, make_wm_trainer, self.episode_queue, self.wm_store), rt.torch_threads)
         self.workers = [ImaginationActor.options(num_cpus=icfg.worker_cpus, max_concurrency=2).remote(
-            IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, names) for w in range(icfg.num_workers)]
+            BuildImaginationProducer(IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, names))
+            for w in range(icfg.num_workers)]
         self.sink = _QueueSink(names["episode_queue"], rt.timeout_s)
         self._runs: dict[int, Any] = {}
-        self._stats: dict[int, dict] = {}
-        self._pids: dict[int, int] = {}
+        self._stats: dict[int, ProducerStats] = {}
+        self._tallies: dict[int, Tally] = {}
+        """imagined env steps per worker across restarts (roles.rebase)"""
         self.restarts = 0
         """imagination actors that came back in a new process (seen by a changed pid)"""
         self.metrics: dict[str, float] = {}
@@ -239,50 +189,40 @@ class RayImagination:
                             self.timeout_s)
 
     def ready_refs(self) -> list:
-        return [h.pid.remote() for h in self.workers] + [self.trainer.ready.remote()]
+        return [h.pid.remote() for h in [*self.workers, self.trainer]]
 
     def start(self) -> None:
-        self._trainer_run = self.trainer.run.remote()
+        self._trainer_run = self.trainer.run.remote(TRAINER_BACKOFF_S)
         for w, h in enumerate(self.workers):
-            self._runs[w] = h.run.remote()
+            self._runs[w] = h.run.remote(IMAGINATION_BACKOFF_S)
+
+    def _release(self, w: int) -> None:
+        ray.get(self.gate.release_worker.remote(IMAGINATION_WORKER_ID0 + w), timeout=self.timeout_s)
 
     def check(self) -> None:
         """Restart the loop of an imagination actor that Ray restarted; surface a world-model trainer error."""
-        for w, ref in list(self._runs.items()):
-            done, _ = ray.wait([ref], timeout=0)
-            if done:
-                try:
-                    ray.get(ref, timeout=self.timeout_s)
-                except ray.exceptions.RayActorError:  # died (or still restarting): the loop is submitted again and
-                    # waits for the new process; what it was admitted for and never delivered goes back to the gate
-                    ray.get(self.gate.release_worker.remote(IMAGINATION_WORKER_ID0 + w), timeout=self.timeout_s)
-                self._runs[w] = self.workers[w].run.remote()
-        done, _ = ray.wait([self._trainer_run], timeout=0)
-        if done:
-            ray.get(self._trainer_run, timeout=self.timeout_s)
-            raise RuntimeError("the world-model trainer stopped unexpectedly")
+        resubmit_dead(self._runs, self.workers, self._release, self.timeout_s, IMAGINATION_BACKOFF_S)
+        ensure_running(self._trainer_run, "world-model trainer", self.timeout_s)
 
     def poll(self) -> list[dict]:
         episodes = []
         for w, h in enumerate(self.workers):
             try:
-                d = ray.get(h.drain.remote(), timeout=self.timeout_s)
+                eps, st = ray.get(h.drain.remote(), timeout=self.timeout_s)
             except ray.exceptions.RayActorError:
                 continue  # restarting; it starts again from the latest publication
-            self.restarts += w in self._pids and self._pids[w] != d["pid"]
-            self._pids[w] = d["pid"]
-            prev = self._stats.get(w, {})
-            base = prev.get("base", 0) + (prev.get("env_steps", 0) if d["stats"]["env_steps"] < prev.get(
-                "env_steps", 0) else 0)  # a restarted actor counts from zero again
-            self._stats[w] = {**d["stats"], "base": base}
-            episodes += d["episodes"]
-        wm = ray.get(self.trainer.metrics.remote(), timeout=self.timeout_s)
-        self.metrics = {**wm, **imagination_metrics(list(self._stats.values()), int(wm["wm/version"])),
+            self._tallies[w], restarted = rebase(self._tallies.get(w), st.pid, st.env_steps)
+            self.restarts += restarted
+            self._stats[w] = st
+            episodes += eps
+        wm = ray.get(self.trainer.drain.remote(), timeout=self.timeout_s)
+        self.metrics = {**wm, **imagination_metrics([s.counters for s in self._stats.values()],
+                                                    int(wm["wm/version"])),
                         "wm/imagination_restarts": float(self.restarts)}
         return episodes
 
     def stats(self) -> ImaginationStats:
-        return ImaginationStats(imagined_steps=sum(s["env_steps"] + s["base"] for s in self._stats.values()),
+        return ImaginationStats(imagined_steps=sum(t.total for t in self._tallies.values()),
                                 imagined_queue_size=_qsize(self.queue, self.timeout_s), wm=dict(self.metrics))
 
     def stop(self) -> None:
@@ -298,7 +238,7 @@ class RayImagination:
 
     def save_world_model(self, path) -> bool:
         """Write the trainer's world model to `path` on the driver (atomically: temp file, then rename)."""
-        data = ray.get(self.trainer.checkpoint_bytes.remote(), timeout=self.timeout_s)
+        data = ray.get(self.trainer.call.remote("to_bytes"), timeout=self.timeout_s)
         if data is None:
             return False
         tmp = f"{path}.tmp"

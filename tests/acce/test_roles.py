@@ -132,3 +132,40 @@ def test_typed_stats_read_like_the_dicts_they_replaced():
     ups = []
     ups += out["updates"]
     assert ups == [{"a": 1.0}] and out.episodes == ()
+
+
+class FakeWMTrainer:
+    """Counts: episodes added, optimizer steps taken; its version is the steps taken."""
+
+    def __init__(self):
+        self.version, self.buffer = 0, []
+        self.model = type("M", (), {"describe": lambda self: {"fake": True}, "stats_ready": True})()
+
+    def add_episodes(self, episodes):
+        self.buffer += episodes
+        return len(episodes)
+
+    def train_steps(self, n):
+        self.version += n
+        return {"wm/loss/total": 1.0}
+
+    def publish(self):
+        return self.version, {"w": self.version}
+
+
+def test_world_model_trainer_role_ticks_take_train_publish():
+    from types import SimpleNamespace
+
+    from acce.runtime.imagination import WMTrainerRole
+    icfg = SimpleNamespace(start_episodes_per_publish=2, wm_min_episodes=1, wm_steps_per_publish=3, wm_train_ratio=0)
+    inbox, published = [], []
+    take = lambda: [inbox.pop() for _ in range(len(inbox))]  # noqa: E731
+    role = WMTrainerRole(lambda first: FakeWMTrainer(), icfg, take=take, publish=published.append)
+    assert not role.tick() and published == []  # nothing recorded yet: idle
+    inbox.append(SimpleNamespace(source="sim", num_steps=5, episode_id="e0"))
+    assert role.tick() and [p["version"] for p in published] == [3]  # trained 3 steps, first publication
+    assert role.tick() and [p["version"] for p in published] == [3, 6]  # unlimited ratio: 3 more, due again
+    assert published[0]["episodes"][0].episode_id == "e0" and published[0]["desc"] == {"fake": True}
+    m = role.drain()
+    assert m["wm/version"] == 6.0 and m["wm/publishes"] == 2.0 and m["wm/real_episodes"] == 1.0
+    assert role.state() == {}
