@@ -177,7 +177,7 @@ def cmd_bench(args) -> int:
     if args.name == "headline":  # no run: recompute a written bench JSON's headline from its recorded runs
         from acce.bench.headline import recompute
         if not args.in_path:
-            raise ValueError("acce bench headline needs --in bench/F.json (a bench delay, wm or rl result)")
+            raise ValueError("acce bench headline needs --in bench/F.json (a bench delay, wm, rl or throughput result)")
         print(json.dumps(recompute(args.in_path, args.out), indent=2))
         return 0
     cfg = _load(args)
@@ -237,8 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
     p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | ppo-reference | serve; "
                    "or headline (recompute --in's headline)")
-    p.add_argument("--in", dest="in_path", default=None, help="[headline] a bench delay / wm / rl JSON whose "
-                   "headline and seed-level tables are recomputed from its runs (written back, or to --out)")
+    p.add_argument("--in", dest="in_path", default=None, help="[headline] a bench delay / wm / rl / throughput JSON "
+                   "whose headline and seed-level tables are recomputed from its runs (written back, or to --out)")
     p.add_argument("--seeds", type=int, default=3, help="[delay, wm, rl, ppo-reference] training seeds per cell")
     p.add_argument("--workdir", default=None, help="[delay, wm, rl] keep the runs here (default: a temporary folder); "
                    "finished runs found there are reused")
@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON result file")
     p.add_argument("--workers", type=int, default=2, help="[sim] largest number of env processes to measure")
     p.add_argument("--chunk", type=int, default=8, help="[sim] control steps per rendered observation")
-    p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0, help="[sim] seconds per measurement; [throughput] seconds per mode and case")
+    p.add_argument("--duration-s", dest="duration_s", type=float, default=3.0,
+                   help="[sim] seconds per measurement; [throughput] seconds per mode and case (the simulator limit "
+                   "it also measures, before the cases, is timed for 10 s)")
     p.add_argument("--checkpoint", default=None, help="[serve] checkpoint to serve and rehearse")
     _add_config_args(p)
     p.set_defaults(fn=cmd_bench)

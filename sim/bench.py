@@ -41,9 +41,9 @@ def render_fps(image_size: int, task: str = "reach", duration_s: float = 1.5) ->
 
 
 def env_steps_per_s(tasks: tuple[str, ...], num_envs: int = 8, render_every: int = 8, duration_s: float = 3.0,
-                    image_size: int = 64, seed: int = 0) -> float:
+                    image_size: int = 64, seed: int = 0, cameras: tuple[str, ...] = ("front",)) -> float:
     """Vector-env control steps/s with random actions, rendering every `render_every` steps (one chunk)."""
-    env = SimVectorEnv(tasks, num_envs, image_size=image_size, seed=seed)
+    env = SimVectorEnv(tasks, num_envs, image_size=image_size, cameras=tuple(cameras), seed=seed)
     env.reset()
     rng = np.random.default_rng(seed)
     steps, k, t0 = 0, 0, time.perf_counter()
@@ -62,11 +62,13 @@ def _worker(args) -> float:
 
 
 def parallel_env_steps_per_s(tasks: tuple[str, ...], workers: int, num_envs: int = 8, render_every: int = 8,
-                             duration_s: float = 3.0) -> float:
+                             duration_s: float = 3.0, image_size: int = 64,
+                             cameras: tuple[str, ...] = ("front",)) -> float:
     """Aggregate env steps/s of `workers` processes running at once (spawned: fresh GL contexts)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
-        rates = pool.map(_worker, [(tasks, num_envs, render_every, duration_s, 64, s) for s in range(workers)])
+        rates = pool.map(_worker, [(tasks, num_envs, render_every, duration_s, image_size, s, tuple(cameras))
+                                   for s in range(workers)])
     return float(sum(rates))
 
 

@@ -27,8 +27,16 @@ def _bench_experts(cfg, args) -> dict:
 
 
 def _bench_throughput(cfg, args) -> dict:
-    from acce.bench.throughput import plot_sweep, resolve_cases, run_throughput
-    out = run_throughput(args.config, list(args.overrides), args.duration_s, resolve_cases(args.cases))
+    from acce.bench.headline import throughput_headline
+    from acce.bench.throughput import measure_sim_limit, plot_sweep, resolve_cases, run_throughput
+    cases = resolve_cases(args.cases)
+    # the simulator's limit for the default case's config (cfg: the same config and overrides, no case extras),
+    # measured before the RL cases, so no Ray process of a finished run is still exiting while it is timed
+    sim = measure_sim_limit(cfg) if "default" in cases else {
+        "env_steps_per_s": None, "reason": f"not measured: no default case in --cases {args.cases!r}"}
+    out = run_throughput(args.config, list(args.overrides), args.duration_s, cases)
+    out["sim_limit"] = sim
+    out["headline"] = throughput_headline(out)
     if args.plot:
         plot_sweep(out, args.plot)
     return out

@@ -1,7 +1,8 @@
-"""The top-level "headline" object of bench/delay.json, bench/wm.json and bench/rl.json: the figures issue 16's
-targets name, computed from a bench's results (the bench function returns it in its result; `run_bench` lifts it to
-the file's top level). A figure that cannot be computed is None with its reason under `reasons` (never a
-guess). `acce bench headline --in F.json` recomputes it (and the seed-level tables) for a bench JSON already written.
+"""The top-level "headline" object of bench/delay.json, bench/wm.json, bench/rl.json and bench/throughput.json: the
+figures issue 16's and 17's targets name, computed from a bench's results (the bench function returns it in its
+result; `run_bench` lifts it to the file's top level). A figure that cannot be computed is None with its reason
+under `reasons` (never a guess). `acce bench headline --in F.json` recomputes it (and the seed-level tables) for a
+bench JSON already written.
 
 delay: keep_dD = aware success at d = D / aware success at d = 0; gap_dD_pts = aware - naive in points at d = D.
        The figures are for the bench's first task (the dynamic one); every task's are under per_task.
@@ -10,6 +11,8 @@ wm:    ratio_ARM = real env steps the model-free arm needs to reach its final te
        success; per task under per_task.
 rl:    async_sync_wall_ratio_* = sync wall-clock to the stated validation success (90 % of async's final test
        success, per task and case) / async's, summed over the benchmarked tasks; long_tail from `--long-tail` runs.
+throughput: rollout_over_bench_sim = the async default case's rollout env steps/s / the simulator's own env steps/s
+       for the same config, measured in the same run (`sim_limit`); consumed_over_bench_sim with the learner's rate.
 """
 from __future__ import annotations
 
@@ -166,6 +169,53 @@ def rl_headline(result: dict[str, Any]) -> dict[str, Any]:
     return _reasons_last(out)
 
 
+# --- throughput -----------------------------------------------------------------------------------------------------
+def throughput_headline(result: dict[str, Any]) -> dict[str, Any]:
+    """rollout_over_bench_sim and consumed_over_bench_sim from bench throughput's result (its default case and its
+    `sim_limit`)."""
+    out: dict[str, Any] = {}
+    sim = result.get("sim_limit")
+    sim_rate = (sim or {}).get("env_steps_per_s")
+    if sim is None:
+        sim_reason = ("this result has no simulator measurement (written before bench throughput measured bench sim's "
+                      "figure in the same run): rerun acce bench throughput")
+    elif sim_rate is None:
+        sim_reason = sim.get("reason", "the simulator measurement gave no rate")
+    elif sim_rate <= 0:
+        sim_rate, sim_reason = None, "the simulator measurement is 0 env steps/s: no ratio"
+    else:
+        sim_reason = None
+    cases = result.get("cases", {})
+    run = (cases.get("default") or {}).get("async")
+    no_run = (f"no default case in this run (cases: {', '.join(cases) or 'none'})" if "default" not in cases
+              else "the default case has no async run")
+    rollout = None if run is None else run.get("env_steps_per_s")
+    consumed = None if run is None else run.get("consumed_env_steps_per_s")
+    rollout_reason = no_run if run is None else "the async run reported no env_steps_per_s"
+    consumed_reason = no_run if run is None else (
+        "the async run has no consumed rate (fewer than two learner updates in its events, or a run made before the "
+        "learner reported learner/consumed_env_steps)")
+    for key, rate, reason in (("rollout_over_bench_sim", rollout, rollout_reason),
+                              ("consumed_over_bench_sim", consumed, consumed_reason)):
+        if rate is None:
+            _figure(out, key, None, reason)
+        elif sim_rate is None:
+            _figure(out, key, None, sim_reason)
+        else:
+            _figure(out, key, rate / sim_rate)
+    _figure(out, "rollout_env_steps_per_s", rollout, rollout_reason)
+    _figure(out, "consumed_env_steps_per_s", consumed, consumed_reason)
+    _figure(out, "bench_sim_env_steps_per_s", sim_rate, sim_reason)
+    out["bench_sim_measured_at"] = None if sim is None else sim.get("started_at")
+    out["rl_cases_started_at"] = result.get("started_at")
+    out["definition"] = ("rollout_over_bench_sim = the async default case's env steps/s produced by its rollout "
+                         "workers (env_steps / the run's wall-clock from the runtime's start, start-up included) / "
+                         "the simulator's env steps/s for the same config with no policy (bench sim's parallel figure: "
+                         "physics + rendering once per decision in rollout.num_workers processes), measured in the "
+                         "same run; consumed_over_bench_sim uses the learner's consumed env steps/s after start-up")
+    return _reasons_last(out)
+
+
 # --- recomputing a written file -------------------------------------------------------------------------------------
 def recompute(path: str, out: str | None = None) -> dict[str, Any]:
     """Recompute a bench JSON's headline (and its seed-level tables) from the runs it records; write it back (or to
@@ -175,13 +225,17 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
         raise FileNotFoundError(f"--in {path}: no such file")
     doc = json.loads(p.read_text())
     name, result = doc.get("bench"), doc.get("result")
-    if name not in ("delay", "wm", "rl") or not isinstance(result, dict):
-        raise ValueError(f"--in {path}: not a bench delay / wm / rl result (bench={name!r})")
-    # a file written before the benches counted consumed steps says what its numbers are
-    result.setdefault("counting", "env_steps: produced by actors; wall_s: from the runtime's start (start-up "
-                                  "included); written before acce/bench/fair.py")
+    if name not in ("delay", "wm", "rl", "throughput") or not isinstance(result, dict):
+        raise ValueError(f"--in {path}: not a bench delay / wm / rl / throughput result (bench={name!r})")
+    if name != "throughput":  # a file written before the benches counted consumed steps says what its numbers are
+        result.setdefault("counting", "env_steps: produced by actors; wall_s: from the runtime's start (start-up "
+                                      "included); written before acce/bench/fair.py")
     result.pop("headline", None)
-    if name == "delay":
+    if name == "throughput":
+        if not isinstance(result.get("cases"), dict):
+            raise ValueError(f"--in {path}: a bench throughput result without its cases")
+        figures = throughput_headline(result)
+    elif name == "delay":
         from acce.bench.delay import summarize
         result["cells"] = summarize(result["runs"])
         figures = delay_headline(result)

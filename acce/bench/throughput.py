@@ -5,11 +5,14 @@ The RL phase only: no behavior-cloning warm start (it does not change throughput
 Fairness (acce/bench/fair.py): `consumed_env_steps_per_s` counts the env steps the learner consumed between its first
 and last update over the wall-clock between them (actor start-up and the steps still queued at the stop left out),
 and the ratio uses it when the runs report it; which mode runs first alternates from case to case (`order`).
+The simulator's own limit for the same config (`measure_sim_limit`, `bench sim`'s parallel figure) is measured in the
+same run, before the RL cases; the headline (acce/bench/headline.py) divides the async default case's rollout by it.
 """
 from __future__ import annotations
 
 import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,33 @@ step waits for the slowest env) in both modes"""
 SWEEP_MEAN_MS = 10.0 * math.exp(0.5)
 """the long_tail case's mean step latency (median 10 ms, sigma 1): every sweep case has this mean"""
 SWEEP_SIGMAS = (0.5, 1.0, 1.5, 2.0)
+SIM_DURATION_S = 10.0
+"""seconds each simulator process is timed for the sim limit: each starts its clock after building its envs, so a
+longer window lets the processes' windows overlap for most of it (bench sim's default is 3 s)"""
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def measure_sim_limit(cfg, duration_s: float = SIM_DURATION_S) -> dict[str, Any]:
+    """`bench sim`'s parallel figure for the config the default case trains: env steps/s (physics + rendering)
+    summed over rollout.num_workers spawned processes, each a vector env of env.num_envs envs on env.tasks at
+    env.image_size with env.cameras, stepped with random actions and rendered once every rollout.execution_horizon
+    control steps (a rollout worker renders one observation per decision). No policy, learner or queue: what the
+    simulator alone allows the rollout. Not applied here: the step latency (env.step_latency_ms) and
+    env.task_params."""
+    from sim.bench import parallel_env_steps_per_s
+    workers, horizon = cfg.rollout.num_workers, cfg.rollout.execution_horizon
+    started = utc_now()
+    rate = parallel_env_steps_per_s(tuple(cfg.env.tasks), workers, cfg.env.num_envs, horizon, duration_s,
+                                    cfg.env.image_size, tuple(cfg.env.cameras))
+    return {"env_steps_per_s": rate, "started_at": started, "finished_at": utc_now(), "when": "before the RL cases",
+            "figure": f"bench sim's parallel.{workers} on this config (--chunk {horizon}, env.image_size, "
+                      f"env.cameras): physics + render env steps/s summed over {workers} process(es) "
+                      "(rollout.num_workers), rendering once per rollout.execution_horizon",
+            "workers": workers, "render_every": horizon, "tasks": list(cfg.env.tasks), "num_envs": cfg.env.num_envs,
+            "image_size": cfg.env.image_size, "cameras": list(cfg.env.cameras), "duration_s": duration_s}
 
 
 def sweep_cases(sigmas=SWEEP_SIGMAS) -> dict[str, list[str]]:
@@ -82,7 +112,7 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
     from acce.config import load
     from acce.train import Trainer
 
-    out: dict[str, Any] = {"duration_s": duration_s, "cases": {}}
+    out: dict[str, Any] = {"duration_s": duration_s, "started_at": utc_now(), "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         cases = cases or CASES
         for i, (case, extra) in enumerate(cases.items()):
@@ -107,6 +137,7 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
             row["async_over_sync"] = row["async"][key] / max(row["sync"][key], 1e-9)
             row["ratio_of"] = key
             out["cases"][case] = row
+    out["finished_at"] = utc_now()
     return out
 
 
