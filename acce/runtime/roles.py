@@ -15,12 +15,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from acce.runtime.queue import StalenessGate, SyncGate
 from acce.types import Segment
 
 
+@runtime_checkable
 class Role(Protocol):
     """A placement-agnostic unit of a run: the placement calls `tick` in a loop (Ray: its own actor thread;
     local: in a fixed order), `drain` to collect what it produced, `state` for checkpoints."""
@@ -251,7 +252,7 @@ class RolloutProducer:
         return bool(segments) or not self.worker.idle
 
     def stats(self, pid: int = 0) -> ProducerStats:
-        c = self.worker.stats
+        c = self.worker.stats  # RolloutWorker keeps a counter dict; ImaginationWorker computes one (with env_stats)
         c = dict(c() if callable(c) else c)
         return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.get("env_steps", 0)),
                              segments=int(c.get("segments", 0)), decisions=int(c.get("decisions", 0)),

@@ -169,3 +169,14 @@ def test_world_model_trainer_role_ticks_take_train_publish():
     m = role.drain()
     assert m["wm/version"] == 6.0 and m["wm/publishes"] == 2.0 and m["wm/real_episodes"] == 1.0
     assert role.state() == {}
+
+
+def test_every_role_meets_the_protocol():
+    from types import SimpleNamespace
+
+    from acce.runtime.imagination import WMTrainerRole
+    from acce.runtime.roles import Role
+    icfg = SimpleNamespace(start_episodes_per_publish=1)
+    roles = [RolloutProducer(FakeWorker(), [].append), LearnerConsumer(FakeLearner(), lambda: None, print, None),
+             WMTrainerRole(lambda first: None, icfg)]
+    assert all(isinstance(r, Role) for r in roles)
