@@ -40,7 +40,8 @@ class BCConfig:
     random_delay_steps: int = 0
     """clone every decision at a latency d drawn uniformly from 0 … this many control steps, with the delay-aware
     inputs (d and the committed prefix) a policy sees at that latency; 0 = every decision at d = 0. A warm start for
-    the delay-aware learner (learner.delay_correction=true, whose policy reads those inputs); at most
+    the delay-aware learner (learner.delay_correction=true, whose policy reads those inputs); DAgger rounds then run
+    the policy at such latencies too, so the expert labels the states latency leads to. At most
     policy.max_delay_steps"""
 
     def __post_init__(self) -> None:

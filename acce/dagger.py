@@ -9,6 +9,11 @@ The policy executes chunks exactly as at evaluation (first `exec_horizon` action
 Gaussian noise for diversity). The chunk target of step t is the expert's labels of steps t .. t+H-1 along the
 policy's own trajectory (masked past the episode's end). Recorded episodes keep the actions that really executed;
 the labels travel beside them and are never written to an episode store.
+
+With `random_delay_steps` > 0 the policy runs under latency, as the delay-aware learner will: every decision draws
+d from 0 … random_delay_steps, sees d and its committed prefix, and its chunk takes over d steps later from position
+d (acce.serving.timeline.EnvTimeline, the rollout workers' own schedule). The expert then labels the states that
+latency leads to, which a d = 0 rollout never visits.
 """
 from __future__ import annotations
 
@@ -21,15 +26,18 @@ from acce.types import INSTRUCTION_KEY, Episode
 
 def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], episodes: int, *, chunk_len: int,
                     exec_horizon: int, num_envs: int = 8, noise_std: float = 0.0, seed: int = 0,
-                    progress: bool = True, desc: str = "dagger rollouts"
-                    ) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
+                    progress: bool = True, desc: str = "dagger rollouts", max_delay: int = 0,
+                    random_delay_steps: int = 0) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
     """Run `policy` (a VLAPolicy, deterministic mean chunks) for `episodes` episodes split over `tasks`.
 
     Returns (episodes, expert labels (T, A) per episode, success rate per task of the policy itself)."""
     import torch
     from tqdm import tqdm
 
+    from acce.serving.timeline import Decision, DecisionInput, EnvTimeline
     from acce.store.recorder import EpisodeRecorder
+    if not 0 <= random_delay_steps <= max_delay:
+        raise ValueError(f"random_delay_steps={random_delay_steps} must be in [0, max_delay={max_delay}]")
     if episodes <= 0:
         return [], [], {}
     rng = np.random.default_rng(seed)
@@ -52,24 +60,47 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                 recorder.start_all(obs, env.task_names, env.seeds)
                 plans = np.zeros((n, chunk_len, env.action_dim), np.float32)
                 phase = np.full(n, exec_horizon)  # >= exec_horizon: a new chunk is due
+                timelines = [EnvTimeline(chunk_len, exec_horizon, max_delay, env.action_dim, 1.0)
+                             for _ in range(n)] if random_delay_steps else None
                 labels: list[list[np.ndarray]] = [[] for _ in range(n)]
                 done = 0
                 while done < quota:
-                    due = np.flatnonzero(phase >= exec_horizon)
+                    due = np.flatnonzero(phase >= exec_horizon) if timelines is None else np.flatnonzero(
+                        [tl.decision_due for tl in timelines])
                     if due.size:
                         batch = {k: v[due] for k, v in obs.items() if k != INSTRUCTION_KEY}
                         batch[INSTRUCTION_KEY] = [obs[INSTRUCTION_KEY][i] for i in due]
+                        if timelines is not None:
+                            inputs = []
+                            for i in due:
+                                d = int(rng.integers(0, random_delay_steps + 1))
+                                inputs.append(timelines[i].make_input({}, d))
+                                timelines[i].on_input(inputs[-1], d)
+                            batch["prefix"] = np.stack([inp.prefix for inp in inputs])
+                            batch["delay_steps"] = np.array([inp.delay_steps for inp in inputs], np.int64)
                         with torch.no_grad():
                             mean = policy(policy.with_lang(batch))[0].cpu().numpy()
                         if noise_std > 0:
                             mean = mean + rng.normal(0.0, noise_std, mean.shape).astype(np.float32)
-                        plans[due], phase[due] = mean, 0
+                        if timelines is None:
+                            plans[due], phase[due] = mean, 0
+                        else:
+                            for k, i in enumerate(due):
+                                timelines[i].add_decision(Decision(
+                                    inp=inputs[k], chunk=mean[k], logp_pos=np.zeros(chunk_len), value=0.0, version=0,
+                                    t=timelines[i].t, delay_steps=inputs[k].delay_steps, episode_id=0, timestamp_s=0.0))
                     expert = env.expert_actions(0.0)
-                    actions = np.clip(plans[np.arange(n), phase], -1.0, 1.0).astype(np.float32)
+                    if timelines is None:
+                        actions = np.clip(plans[np.arange(n), phase], -1.0, 1.0).astype(np.float32)
+                    else:
+                        actions = np.stack([tl.action() for tl in timelines])
                     for i in range(n):
                         labels[i].append(expert[i])
                     phase += 1
                     step = env.step(actions, render=True)
+                    for tl in timelines or ():
+                        tl.record(0.0, False)
+                        tl.closed.clear()  # scheduling only: no credit, no segments
                     for i, ep in zip(np.flatnonzero(step.done), recorder.add(
                             actions, step, next_tasks=env.task_names, next_seeds=env.seeds)):
                         if done < quota:
@@ -81,6 +112,9 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                             so_far = [v for s in success.values() for v in s]
                             bar.set_postfix(policy_success=f"{np.mean(so_far):.2f}", refresh=False)
                         labels[i], phase[i] = [], exec_horizon
+                        if timelines is not None:  # chunks still in flight are dropped with the episode
+                            held = DecisionInput({}, np.zeros((max_delay, env.action_dim), np.float32), 0)
+                            timelines[i].end_episode(False, True, held)
                     obs = step.obs
             finally:
                 env.close()

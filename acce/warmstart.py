@@ -79,7 +79,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
             episodes, labels, success = dagger_rollouts(
                 policy, make_env, list(cfg.env.tasks), cfg.bc.dagger_episodes, chunk_len=cfg.policy.chunk_len,
                 exec_horizon=cfg.rollout.execution_horizon, num_envs=cfg.env.num_envs,
-                seed=cfg.run.seed * 1000 + r, progress=progress, desc=f"DAgger round {r + 1}/{rounds}")
+                seed=cfg.run.seed * 1000 + r, progress=progress, desc=f"DAgger round {r + 1}/{rounds}",
+                max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps)
             data.extend(episodes, labels)
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success

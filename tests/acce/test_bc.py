@@ -101,6 +101,46 @@ def test_dagger_rollouts_label_the_policys_states_with_the_expert():
     torch.testing.assert_close(torch.as_tensor(data.targets[0, 0]), torch.as_tensor(labels[0][0]))
 
 
+class PositionPolicy(torch.nn.Module):
+    """Chunk position j is the action (j + 1) / 10 in every dim (0 = held: nothing committed); records the inputs."""
+    seen: list = []
+
+    def __init__(self, chunk_len, action_dim=4):
+        super().__init__()
+        self.H, self.A = chunk_len, action_dim
+
+    def with_lang(self, batch):
+        return batch
+
+    def forward(self, batch):
+        PositionPolicy.seen.append((batch["delay_steps"].copy(), batch["prefix"].copy()))
+        b = len(batch["delay_steps"])
+        return (torch.arange(1, self.H + 1, dtype=torch.float32)[None, :, None].expand(b, self.H, self.A) / 10,)
+
+
+def test_dagger_at_random_latency_runs_the_rollout_workers_schedule():
+    from acce.dagger import dagger_rollouts
+    from acce.wiring import make_sim_env
+
+    PositionPolicy.seen = []
+    episodes, labels, _ = dagger_rollouts(
+        PositionPolicy(6), lambda tasks, n, **kw: make_sim_env(tasks, n, image_size=32, **kw), ["reach"], 4,
+        chunk_len=6, exec_horizon=2, num_envs=2, seed=3, progress=False, max_delay=3, random_delay_steps=3)
+    delays = np.concatenate([d for d, _ in PositionPolicy.seen])
+    assert set(delays.tolist()) == {0, 1, 2, 3}  # every latency drawn
+    for d, prefix in PositionPolicy.seen:  # the prefix holds the committed actions: d rows, zeros after them
+        assert not prefix[np.arange(3)[None] >= d[:, None]].any()
+    for ep, lab in zip(episodes, labels):
+        assert lab.shape == ep.action.shape
+        pos = np.round(ep.action[:, 0] * 10).astype(int) - 1  # executed chunk position, -1 = held
+        # a chunk takes over d steps after its request at position d and runs until the next one does: with s = 2
+        # and d <= 3 every executed position lies in 0 … s - 1 + 3
+        assert pos.max() <= 4 and (pos >= 2).any()
+    with pytest.raises(ValueError, match="random_delay_steps"):
+        dagger_rollouts(PositionPolicy(6), None, ["reach"], 1, chunk_len=6, exec_horizon=2, max_delay=1,
+                        random_delay_steps=2)
+
+
 def with_aux(ep, values):
     ep.obs["aux"] = np.asarray(values, np.float32)
     return ep
