@@ -61,6 +61,12 @@ class DatasetConfig:
     """`acce train --data`: world-model optimizer steps on the training episodes after cloning (the `wm.*` model,
     built for the dataset's env spec: its widths, cameras, rate and image size); 0 = no world model. RL in
     imagination (train.max_versions > 0) and the imagined-success report need it"""
+    max_rate_percentile: float = 99.9
+    """data-derived rate limits (acce/action_rates.py; `acce robot`'s default safety.max_rate): per action dim, this
+    percentile, in (0, 100], of the recorded per-step change |a_t - a_(t-1)| within episodes"""
+    max_rate_margin: float = 1.5
+    """the data-derived limit is that percentile times this factor (> 0): 1.5 lets the policy move half again as fast
+    as the operator did at the percentile"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", {str(k): str(v) for k, v in dict(self.cameras or {}).items()})
@@ -78,6 +84,9 @@ class DatasetConfig:
             raise ConfigError(f"dataset.success is empty; use one of {SUCCESS_LABELS} or a dataset feature name")
         if self.wm_steps < 0:
             raise ConfigError(f"dataset.wm_steps={self.wm_steps} must be >= 0 (0 = no world model)")
+        if not 0.0 < self.max_rate_percentile <= 100.0 or not self.max_rate_margin > 0.0:
+            raise ConfigError(f"dataset.max_rate_percentile={self.max_rate_percentile} must be in (0, 100] and "
+                              f"dataset.max_rate_margin={self.max_rate_margin} > 0 (e.g. 99.9 and 1.5)")
         if self.action_low and self.action_norm == "none":
             raise ConfigError("dataset.action_low/action_high give the range that maps onto [-1, 1]: set "
                               "dataset.action_norm=minmax (or drop the bounds)")

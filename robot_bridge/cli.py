@@ -161,6 +161,8 @@ def cmd_robot(args) -> int:
                                out_dir=args.out, reset_wait_s=args.reset_wait_s,
                                task=args.task or (getattr(robot, "task", "") if args.robot == "sim" else ""))
         runtime = RobotRuntime(robot, policy, config, safety=safety)
+        if runtime.rate_note:  # on stderr with --json, so that stdout stays one JSON document
+            print(runtime.rate_note, file=sys.stderr if args.json else sys.stdout, flush=True)
 
         def on_sigint(signum, frame):  # first Ctrl-C: e-stop (hold, save, stop); a second one interrupts
             runtime.estop("SIGINT from the operator")

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from acce.action_rates import checkpoint_action_rates
 from acce.types import EnvSpec
 from robot_bridge.protocol import DELAY_KEY, PROTOCOL, ObsSpec
 
@@ -96,6 +97,11 @@ class PolicyHost:
             "control_hz": spec.control_hz, "action_repr": self.action_repr,
             "tasks": list(env.get("tasks", [])), "task_params": dict(env.get("task_params", {})),
             "deterministic": deterministic, "request_keys": list(self.spec.keys)}
+        rates, why_none = checkpoint_action_rates(data, self.path, spec)
+        if rates is not None:  # the robot's default rate limits (robot_bridge.safety.with_data_rates)
+            self._static_meta["action_rates"] = rates.to_dict()
+        elif why_none:
+            logger.warning("no data-derived rate limits to advertise: %s", why_none)
         self.stats = {"reloads": 0, "reload_refused": 0, "reload_errors": 0, "batch_retries": 0}
         self._warm_up()
 

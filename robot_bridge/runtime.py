@@ -24,7 +24,7 @@ from robot_bridge.executor import ChunkExecutor, ThreadRequester
 from robot_bridge.protocol import served_env_spec
 from robot_bridge.recording import EpisodeBuilder, RunRecorder, latency_summary, write_latency_file
 from robot_bridge.robot import RobotIO
-from robot_bridge.safety import SafetyConfig, SafetyEnvelope
+from robot_bridge.safety import SafetyConfig, SafetyEnvelope, with_data_rates
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,10 @@ class RobotRuntime:
         if safety is None:
             safety = (robot.default_safety(spec.action_repr_dict()) if hasattr(robot, "default_safety")
                       else SafetyConfig())
+        safety, self.rate_note = with_data_rates(safety, meta.get("action_rates"), spec)
+        """one line naming the rate limits in force and their source when the policy advertises data-derived ones"""
+        if self.rate_note:
+            logger.info("%s", self.rate_note)
         if safety.timeout_s <= self.s / self.control_hz:
             raise ValueError(f"safety timeout_s={safety.timeout_s} must exceed the request interval "
                              f"s / control_hz = {self.s / self.control_hz:.3f} s, or the watchdog fires every chunk")
@@ -271,7 +275,7 @@ class RobotRuntime:
                 "ci95": [lo, hi], "mean_length": float(np.mean([r.steps for r in results])) if results else 0.0,
                 "stop_reasons": [r.stop_reason for r in results], "safety_counts": dict(self.safety.counts),
                 "executor_counts": dict(ex.counts), "request_error_causes": dict(ex.error_causes),
-                "overruns": self.overruns,
+                "overruns": self.overruns, "rate_limits": self.rate_note or None,
                 "latency": latency_summary(ex.latencies_s), "control_hz": self.control_hz, "execution_horizon": self.s,
                 "chunk_len": self.H, "policy_version": self.meta.get("policy_version"),
                 "out_dir": self.config.out_dir or None}

@@ -10,6 +10,9 @@ Hold: for delta-commanded dims (the tabletop's fingertip motion) hold means 0 = 
 `hold_keep_dims` (a gripper, commanded absolutely) keep their last executed value, so holding never drops an object.
 For absolute position control set `hold_keep_dims` to every dim.
 
+Rate limits: without `max_rate`, the limits derived from the policy's training data (acce/action_rates.py, which
+`acce serve` advertises as metadata "action_rates") apply, unless `max_rate_from_data` is false (`with_data_rates`).
+
 Workspace box: with a delta end-effector action, the commanded fingertip target is tip + a[xyz] * max_step_m,
 where tip comes from the observed state. The action is clamped so that target stays inside [low, high].
 """
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from acce.action_rates import ActionRates
 from acce.types import EnvSpec
 
 logger = logging.getLogger(__name__)
@@ -39,7 +43,11 @@ class SafetyConfig:
     action_high: tuple[float, ...] = ()
     """per-dim upper bound; () = +1 for every dim"""
     max_rate: tuple[float, ...] = ()
-    """per-dim largest change from the previous executed action in one step; () = no rate limit"""
+    """per-dim largest change from the previous executed action in one step; () = the limits derived from the
+    policy's training data when its server advertises them (max_rate_from_data), else no rate limit"""
+    max_rate_from_data: bool = True
+    """without max_rate, limit each dim's rate to what the policy's training data did (acce/action_rates.py: a high
+    percentile of the recorded per-step change times a margin, advertised by acce serve); false = no default limit"""
     timeout_s: float = 1.0
     """watchdog: hold when no policy reply arrived for this long (must exceed execution horizon / control_hz plus
     the slowest expected reply)"""
@@ -90,6 +98,40 @@ class SafetyConfig:
         """From JSON/YAML (lists become tuples); unknown keys are an error naming the valid ones."""
         from acce.configlib import dataclass_from_dict
         return dataclass_from_dict(cls, d, "safety")
+
+
+def with_data_rates(config: SafetyConfig, rates: Mapping[str, Any] | None, spec: EnvSpec) -> tuple[SafetyConfig, str]:
+    """(config, one line for the operator): the config with the data-derived limits (a server's metadata
+    "action_rates", for the policy's env spec) as its max_rate when it sets none and max_rate_from_data; the line
+    names the limits in force and their source ("" when the policy's server advertises none)."""
+    if not rates:
+        return config, ""
+    try:
+        r = ActionRates.from_dict(rates)
+        if len(r.max_rate) != spec.action_dim or len(r.max_rate_units) not in (0, spec.action_dim):
+            raise ValueError(f"{len(r.max_rate)} limits for {spec.action_dim} action dims")
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"the policy server's metadata has malformed action_rates ({type(err).__name__}: {err}); "
+                         "serve the checkpoint with this version of acce serve, or set safety.max_rate") from None
+    names = spec.action_names
+    unit = "data units" if config.units == "spec" else "normalized units"
+    values = r.values(config.units)
+    if config.max_rate:
+        return config, f"rate limits: safety.max_rate {_fmt(config.max_rate, names)} ({unit} per step); the training " \
+                       "data's limits are not used"
+    if not config.max_rate_from_data:
+        return config, "rate limits: none (safety.max_rate_from_data=false)"
+    if not values:  # units=spec on a spec without units: the envelope refuses that config with its own error
+        return config, ""
+    return replace(config, max_rate=values), (
+        f"rate limits from the training data: {_fmt(values, names)} ({unit} per step; {r.margin:g} x the "
+        f"{r.percentile:g}th percentile of the per-step change over {r.episodes} episodes of {r.source}); "
+        "safety.max_rate overrides them, safety.max_rate_from_data=false turns them off")
+
+
+def _fmt(values: tuple[float, ...], names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"{n} {v:.3g}" if n else f"{v:.3g}" for n, v in zip(names or ("",) * len(values),
+                                                                               values)) + "]"
 
 
 @dataclass

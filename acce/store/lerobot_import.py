@@ -1,9 +1,13 @@
 """Any LeRobotDataset v3 -> acce episodes, read only through lerobot's own `LeRobotDataset` class.
 
 Which features become what is `DatasetConfig` (`dataset.*`; LeRobot's conventions by default). Image features are
-decoded from their PNG bytes, video features by lerobot's `decode_video_frames` (torchcodec, which needs the FFmpeg
-libraries scripts/setup.sh installs); every camera is resized to `dataset.image_size` with the function a robot's
+decoded from their PNG bytes, video features by lerobot's `decode_video_frames`: torchcodec, which needs the FFmpeg
+libraries scripts/setup.sh installs, or PyAV (lerobot's "pyav" backend, its own FFmpeg inside the wheel) with one
+warning when torchcodec cannot load them; every camera is resized to `dataset.image_size` with the function a robot's
 cameras go through at deployment (`acce.images.resize_square`).
+
+The import also records the actions' data-derived rate limits in the store (acce/action_rates.py), which `acce robot`
+uses as its default safety.max_rate.
 
 Actions (docs/design.md §11): the policy acts in [-1, 1]. A dataset in its robot's units (degrees, radians, ...) is
 mapped per dim with `a = 2 (x - low) / (high - low) - 1`, low / high being the data's per-dim range (or
@@ -23,18 +27,23 @@ that fails later (a damaged video) undoes the whole import, and a store the impo
 from __future__ import annotations
 
 import json
+import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from acce.action_rates import record_action_rates, store_action_rates
 from acce.data_config import DatasetConfig
 from acce.images import resize_square
 from acce.store.episodes import EpisodeStore, StoreSchema
 from acce.store.lerobot_io import _PER_EPISODE, _SCALARS, AUX_COLUMN, CAMERA_PREFIX, SIDECAR, _column
 from acce.types import AUX_KEY, IMAGE_PREFIX, SOURCES, STATE_KEY, Episode
+
+logger = logging.getLogger(__name__)
 
 BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 """LeRobot's own per-frame columns (every dataset has them; nothing to map)"""
@@ -161,8 +170,8 @@ def resolve(ds: Any, cfg: DatasetConfig, src_dir: Path, actions: np.ndarray) -> 
     return Mapping(cameras, videos, schema, acce_columns, norm == "minmax")
 
 
-def _decode_video(ds: Any, key: str, index: int, timestamps: list[float]) -> np.ndarray:
-    """(N, H, W, 3) uint8 frames of one episode's video at the given timestamps (lerobot's decoder)."""
+def _decode_video(ds: Any, key: str, index: int, timestamps: list[float], backend: str) -> np.ndarray:
+    """(N, H, W, 3) uint8 frames of one episode's video at the given timestamps (lerobot's decoder, `backend`)."""
     import torch
     from lerobot.datasets.video_utils import decode_video_frames
 
@@ -170,7 +179,9 @@ def _decode_video(ds: Any, key: str, index: int, timestamps: list[float]) -> np.
     path = ds.root / ds.meta.get_video_file_path(index, key)
     offset = float(ep[f"videos/{key}/from_timestamp"])
     try:
-        frames = decode_video_frames(path, [offset + t for t in timestamps], ds.tolerance_s, ds.video_backend)
+        with warnings.catch_warnings():  # torchvision's deprecation notice, per call; _video_backend said why PyAV
+            warnings.filterwarnings("ignore", message="The video decoding and encoding capabilities of torchvision")
+            frames = decode_video_frames(path, [offset + t for t in timestamps], ds.tolerance_s, backend)
     except Exception as err:  # torchcodec / av raise many types for a damaged file; all mean "cannot read it"
         raise ValueError(f"cannot decode {key} of episode {index} from {path} ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}); the video file is damaged or "
@@ -180,10 +191,10 @@ def _decode_video(ds: Any, key: str, index: int, timestamps: list[float]) -> np.
     return (frames.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
-def _camera(ds: Any, table: Any, m: Mapping, cam: str, index: int) -> np.ndarray:
+def _camera(ds: Any, table: Any, m: Mapping, cam: str, index: int, backend: str) -> np.ndarray:
     key = m.cameras[cam]
     if key in m.videos:
-        frames = _decode_video(ds, key, index, _column(table, "timestamp").astype(np.float64).tolist())
+        frames = _decode_video(ds, key, index, _column(table, "timestamp").astype(np.float64).tolist(), backend)
     else:
         decode = ds.hf_dataset.features[key].decode_example  # the datasets Image feature: PNG bytes -> PIL
         frames = np.stack([np.asarray(decode(v).convert("RGB"), np.uint8) for v in table.column(key).to_pylist()])
@@ -193,7 +204,8 @@ def _camera(ds: Any, table: Any, m: Mapping, cam: str, index: int) -> np.ndarray
     return frames
 
 
-def _episode(ds: Any, table: Any, m: Mapping, cfg: DatasetConfig, index: int, repo_id: str) -> Episode:
+def _episode(ds: Any, table: Any, m: Mapping, cfg: DatasetConfig, index: int, repo_id: str,
+             backend: str) -> Episode:
     """Rebuild one acce Episode from the arrow rows of one LeRobot episode."""
     schema, names = m.schema, set(table.column_names)
     t = table.num_rows - 1
@@ -201,7 +213,7 @@ def _episode(ds: Any, table: Any, m: Mapping, cfg: DatasetConfig, index: int, re
     if schema.aux_dim:
         obs[AUX_KEY] = _column(table, AUX_COLUMN).astype(np.float32)
     for cam in schema.image_shapes:
-        obs[f"{IMAGE_PREFIX}{cam}"] = _camera(ds, table, m, cam, index)
+        obs[f"{IMAGE_PREFIX}{cam}"] = _camera(ds, table, m, cam, index, backend)
     # One instruction per acce episode: the task (or instruction feature) of the episode's first frame.
     task_index = int(_column(table, "task_index")[0])
     instruction = (str(ds.meta.tasks.iloc[task_index].name) if cfg.instruction_key == "task"
@@ -239,14 +251,25 @@ def _episode(ds: Any, table: Any, m: Mapping, cfg: DatasetConfig, index: int, re
                    wm_version=int(per_episode["wm_version"]), **fields)
 
 
-def _check_video_decoder() -> None:
-    """torchcodec loads FFmpeg's shared libraries when imported; without them say which packages to install."""
+def _load_torchcodec() -> None:
+    """Import torchcodec's decoders, which loads FFmpeg's shared libraries (RuntimeError "Could not load
+    libtorchcodec" when they are missing)."""
+    import torchcodec.decoders  # noqa: F401
+
+
+def _video_backend(ds: Any) -> str:
+    """The dataset's video backend (torchcodec by default); PyAV, with one warning naming why, when torchcodec
+    cannot load FFmpeg. Why not simply PyAV: torchcodec seeks frame-accurately and is lerobot's default."""
+    if ds.video_backend != "torchcodec":
+        return ds.video_backend
     try:
-        import torchcodec.decoders  # noqa: F401
+        _load_torchcodec()
     except (ImportError, OSError, RuntimeError) as err:
-        raise OSError(f"this dataset stores video, and lerobot's decoder torchcodec cannot load FFmpeg "
-                           f"({type(err).__name__}); install Debian's FFmpeg libraries: apt-get install -y "
-                           f"{FFMPEG_PACKAGES} (scripts/setup.sh does this when run as root)") from None
+        why = str(err).splitlines()[0] if str(err) else ""
+        logger.warning("video: torchcodec cannot load FFmpeg (%s: %s); decoding with PyAV instead (apt-get install "
+                       "-y %s restores torchcodec)", type(err).__name__, why, FFMPEG_PACKAGES)
+        return "pyav"
+    return "torchcodec"
 
 
 def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike, repo_id: str | None = None,
@@ -271,8 +294,7 @@ def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike, re
     if cfg.action_key in rows.column_names:
         actions = _column(ds.hf_dataset.select_columns([cfg.action_key]).with_format("arrow")[:], cfg.action_key)
     m = resolve(ds, cfg, src_dir, actions.astype(np.float64).reshape(len(actions), -1))
-    if m.videos:
-        _check_video_decoder()
+    backend = _video_backend(ds) if m.videos else ""
     store = EpisodeStore.open_or_create(store_path, **{**m.schema.to_json(), "extra": m.schema.extra or None})
     committed = len(store)
     with store.removed_if_failed_empty():  # a store this import created goes again if nothing was imported
@@ -281,11 +303,12 @@ def import_lerobot(src_dir: str | os.PathLike, store_path: str | os.PathLike, re
             for index in range(ds.meta.total_episodes):
                 meta = ds.meta.episodes[index]
                 table = rows[int(meta["dataset_from_index"]):int(meta["dataset_to_index"])]
-                store.append(_episode(ds, table, m, cfg, index, repo_id))
+                store.append(_episode(ds, table, m, cfg, index, repo_id, backend))
         except BaseException as err:
             # Episodes are converted one at a time (a dataset may not fit in memory); undo the partial import.
             store.truncate(committed)
             if isinstance(err, ValueError):
                 raise ValueError(f"{src_dir}, LeRobot episode {index}: {err}; nothing was imported") from None
             raise
+    record_action_rates(store, store_action_rates(store, cfg.max_rate_percentile, cfg.max_rate_margin))
     return store

@@ -264,7 +264,12 @@ def test_lerobot_arm_takes_keys_and_units_from_the_spec_and_a_mismatched_arm_is_
 
 
 @needs_video
-def test_a_damaged_video_is_refused_and_no_store_is_left(video_dataset, tmp_path):
+@pytest.mark.parametrize("torchcodec", [True, False], ids=["torchcodec", "pyav"])
+def test_a_damaged_video_is_refused_and_no_store_is_left(video_dataset, tmp_path, monkeypatch, torchcodec):
+    import acce.store.lerobot_import as li
+
+    if not torchcodec:
+        monkeypatch.setattr(li, "_load_torchcodec", lambda: (_ for _ in ()).throw(RuntimeError("no FFmpeg")))
     root, _ = video_dataset
     broken = shutil.copytree(root, tmp_path / "broken")
     video = next((broken / "videos" / "observation.images.wrist").rglob("*.mp4"))
@@ -273,6 +278,55 @@ def test_a_damaged_video_is_refused_and_no_store_is_left(video_dataset, tmp_path
     with pytest.raises(ValueError, match="observation.images.wrist.*damaged.*nothing was imported"):
         import_lerobot(broken, tmp_path / "s.zarr", config=DatasetConfig(image_size=32))
     assert not (tmp_path / "s.zarr").exists()
+
+
+@needs_video
+def test_pyav_decodes_when_torchcodec_cannot_load_ffmpeg(imported, video_dataset, tmp_path, monkeypatch, caplog):
+    import acce.store.lerobot_import as li
+
+    def no_ffmpeg():  # what torchcodec raises on import when FFmpeg's shared libraries are missing
+        raise RuntimeError("Could not load libtorchcodec. Likely causes:\n  1. FFmpeg is not properly installed")
+    monkeypatch.setattr(li, "_load_torchcodec", no_ffmpeg)
+    with caplog.at_level("WARNING", logger=li.__name__):
+        store = import_lerobot(video_dataset[0], tmp_path / "s.zarr", config=DatasetConfig(image_size=32))
+    warned = [r.getMessage() for r in caplog.records if r.name == li.__name__]
+    assert len(warned) == 1 and "RuntimeError: Could not load libtorchcodec" in warned[0] and "PyAV" in warned[0]
+    reference = imported[0]  # the same dataset through torchcodec
+    for i in range(len(reference)):
+        for cam in ("image/front", "image/wrist"):  # the same decoded frames (both backends use FFmpeg's decoder)
+            diff = np.abs(store[i].obs[cam].astype(int) - reference[i].obs[cam].astype(int))
+            assert diff.max() <= 2, (i, cam, diff.max())
+
+
+def test_import_records_rate_limits_from_the_recorded_actions(tmp_path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from acce.action_rates import recorded_action_rates, store_action_rates
+
+    # shoulder_pan (degrees): episode 0 goes 0, 10, 15, 45, 45 and episode 1 0, 3, 5, 5 (each last frame's action
+    # is dropped); shoulder_lift counts 0, 1, 2, ...; the other joints stand still at 7
+    pan = ([0, 10, 15, 45, 45], [0, 3, 5, 5])
+    ds = LeRobotDataset.create("test/rates", fps=30, root=tmp_path / "ds", robot_type="so101_follower",
+                               features=_joint_features({"observation.images.top": "image"}), use_videos=False)
+    for values in pan:
+        for t, v in enumerate(values):
+            action = np.array([v, t, 7, 7, 7, 7], np.float32)
+            ds.add_frame({"observation.images.top": np.zeros((24, 32, 3), np.uint8), "observation.state": action,
+                          "action": action, "task": "pick"})
+        ds.save_episode()
+    ds.finalize()
+    store = import_lerobot(tmp_path / "ds", tmp_path / "s.zarr", config=DatasetConfig(
+        image_size=16, max_rate_percentile=100.0, max_rate_margin=1.5))
+    rates = recorded_action_rates(store)
+    # pan steps 10, 5, 30 | 3, 2 (the jump 45 -> 0 between episodes is none): 30 x 1.5 = 45 degrees, on a range of
+    # [0, 45] that is 2.0 normalized; lift steps 1 each: 1.5 degrees on [0, 4] = 0.75; still joints (range 7 +- 1)
+    # get the floor 0.01 normalized = 0.01 degrees
+    np.testing.assert_allclose(rates.max_rate_units, [45.0, 1.5] + [0.01] * 4, rtol=1e-4)
+    np.testing.assert_allclose(rates.max_rate, [2.0, 0.75] + [0.01] * 4, rtol=1e-4)
+    assert (rates.episodes, rates.steps, rates.percentile, rates.margin) == (2, 5, 100.0, 1.5)
+    assert store.schema.extra == {"lerobot_robot_type": "so101_follower"}  # the schema is untouched
+    median = store_action_rates(store, 50.0, 1.5)  # other settings: measured again, median of 2, 3, 5, 10, 30
+    np.testing.assert_allclose(median.max_rate_units[:2], [7.5, 1.5], rtol=1e-4)
 
 
 def test_unmapped_and_missing_keys_name_the_key_and_the_override(tmp_path):
