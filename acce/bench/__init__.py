@@ -58,11 +58,17 @@ def _bench_delay(cfg, args) -> dict:
 
 
 def _bench_wm(cfg, args) -> dict:
-    from acce.bench.wm import run_wm_bench
+    from acce.bench.wm import BUDGETS, run_wm_bench
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip()) if args.budgets else BUDGETS
+    except ValueError:
+        budgets = ()
+    if not budgets or min(budgets) <= 0:
+        raise ValueError(f"--budgets {args.budgets!r}: give real env step budgets > 0 (e.g. 5000,10000,20000,40000)")
     return run_wm_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)), target=args.target,
-                        budget_steps=args.budget_steps or 40_000, eval_episodes=args.episodes,
+                        budget_steps=args.budget_steps or max(budgets), eval_episodes=args.episodes,
                         workdir=args.workdir, warm_start=args.warm_start or "", plot=args.plot,
-                        offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps)
+                        offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps, budgets=budgets)
 
 
 def _bench_rl(cfg, args) -> dict:

@@ -65,7 +65,7 @@ def delay_headline(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- wm -------------------------------------------------------------------------------------------------------------
-def _success(point: dict[str, Any], task: str | None, tasks: list[str]) -> float | None:
+def val_success(point: dict[str, Any], task: str | None, tasks: list[str]) -> float | None:
     """Validation success of a curve point: one task's, or the mean over tasks (task None). Older files name the
     validation split `heldout`."""
     def one(t):
@@ -77,9 +77,10 @@ def _success(point: dict[str, Any], task: str | None, tasks: list[str]) -> float
     return None if any(v is None for v in vals) else float(np.mean(vals))
 
 
-def _first_at(curve: list[dict[str, Any]], level: float, task: str | None, tasks: list[str]) -> int | None:
+def first_at(curve: list[dict[str, Any]], level: float, task: str | None, tasks: list[str]) -> int | None:
+    """Env steps of the first curve point whose validation success is at or above `level` (None if never)."""
     for p in curve:
-        s = _success(p, task, tasks)
+        s = val_success(p, task, tasks)
         if s is not None and s >= level - 1e-9:
             return int(p["env_steps"])
     return None
@@ -97,12 +98,12 @@ def wm_figures(runs: dict[str, list[dict[str, Any]]], tasks: list[str], task: st
     level = float(np.mean(final))
     # the model-free arm is at its final success where its final test evaluation ran (the end of its run), unless
     # its validation curve got there earlier
-    hits_mf = [_first_at(r["curve"], level, task, tasks) for r in mf]
+    hits_mf = [first_at(r["curve"], level, task, tasks) for r in mf]
     mf_steps = float(np.mean([r["env_steps"] if h is None else h for h, r in zip(hits_mf, mf)]))
     out.update({"level": level, "steps_model_free": mf_steps})
     for arm in ("online", "pretrained"):
         rows = runs.get(arm, [])
-        hits = [_first_at(r["curve"], level, task, tasks) for r in rows]
+        hits = [first_at(r["curve"], level, task, tasks) for r in rows]
         if not rows:
             _figure(out, f"ratio_{arm}", None, f"the {arm} arm was not run")
         elif any(h is None for h in hits):
@@ -240,6 +241,10 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
         result["cells"] = summarize(result["runs"])
         figures = delay_headline(result)
     elif name == "wm":
+        from acce.bench.wm import BUDGETS, budget_table, steps_to_model_free_final
+        written = [b["budget"] for b in next(iter(result.get("budgets", {}).values()), [])]
+        result["budgets"] = budget_table(result["runs"], list(result["tasks"]), written or BUDGETS)
+        result["steps_to_model_free_final"] = steps_to_model_free_final(result["runs"], list(result["tasks"]))
         figures = wm_headline(result)
     else:
         from acce.bench.rl import summarize_task

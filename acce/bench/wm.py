@@ -11,6 +11,11 @@ evaluation at or above the target; a run that never gets there is censored at it
 ratios use the budget as a lower bound, marked `censored`). Real env steps are the ones the learner consumed and
 wall-clock runs from its first update (acce/bench/fair.py); the arms take turns going first, seed by seed. The
 headline (acce/bench/headline.py) compares the arms at the success the model-free arm ends at.
+
+Beside the headline: `budgets`, per arm the validation success of the periodic evaluation at or just after each
+real-env-step budget (`--budgets`), with `steps_to_model_free_final`, the headline's steps per arm and seed; and
+`model_quality`, every world model the bench used (the pretrained one before RL, each run's at its end) evaluated
+open loop by worldmodel/evaluate.py on held-out real episodes recorded on test seeds, which no model trains on.
 """
 from __future__ import annotations
 
@@ -22,9 +27,14 @@ from typing import Any
 import numpy as np
 
 from acce.bench.fair import mode_order, run_counts
-from acce.bench.headline import wm_headline
+from acce.bench.headline import first_at, val_success, wm_figures, wm_headline
 
 ARMS = ("model_free", "online", "pretrained")
+BUDGETS = (5_000, 10_000, 20_000, 40_000)
+"""default real-env-step budgets at which each arm's success is read off its validation curve"""
+HELDOUT_EPISODES = 100
+"""test-seed expert + noisy episodes every world model is evaluated on (split evenly over the tasks)"""
+WM_ARMS = ("online", "pretrained")
 
 
 def steps_to_target(history: list[dict[str, Any]], task: str, target: float) -> tuple[int | None, float | None]:
@@ -63,14 +73,144 @@ def summarize(runs: dict[str, list[dict[str, Any]]], tasks: list[str], budget_st
     return table
 
 
+def success_at_budgets(curve: list[dict[str, Any]], tasks: list[str], budgets) -> list[dict[str, Any]]:
+    """Per budget: the validation success (per task and the tasks' mean) of the first periodic evaluation at or after
+    that many real env steps. A run that ended before a budget (it stopped at the target, or its last evaluation
+    came before the budget) gives its last evaluation, flagged `ended_before`; no evaluation at all gives None."""
+    evals = [p for p in curve if val_success(p, None, tasks) is not None]
+    out = []
+    for b in budgets:
+        at = next((p for p in evals if p["env_steps"] >= b), None)
+        ended = at is None
+        at = evals[-1] if ended and evals else at
+        out.append({"budget": int(b), "env_steps": None if at is None else int(at["env_steps"]),
+                    "ended_before": ended,
+                    "success": None if at is None else val_success(at, None, tasks),
+                    "per_task": {t: None if at is None else val_success(at, t, tasks) for t in tasks}})
+    return out
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def budget_table(runs: dict[str, list[dict[str, Any]]], tasks: list[str], budgets) -> dict[str, list[dict[str, Any]]]:
+    """Per arm, a `budgets` list: validation success at each budget, mean over seeds (per task and the tasks' mean),
+    the seeds' own values, and how many seeds had ended before it (their last evaluation stands in)."""
+    table = {}
+    for arm, rows in runs.items():
+        per_seed = [success_at_budgets(r["curve"], tasks, budgets) for r in rows]
+        table[arm] = [{"budget": int(b), "success_mean": _mean(s[i]["success"] for s in per_seed),
+                       "per_task": {t: _mean(s[i]["per_task"][t] for s in per_seed) for t in tasks},
+                       "success_per_seed": [s[i]["success"] for s in per_seed],
+                       "read_at_env_steps": [s[i]["env_steps"] for s in per_seed],
+                       "seeds_ended_before": sum(s[i]["ended_before"] for s in per_seed)}
+                      for i, b in enumerate(budgets)]
+    return table
+
+
+def steps_to_model_free_final(runs: dict[str, list[dict[str, Any]]], tasks: list[str]) -> dict[str, Any]:
+    """The real env steps each arm needs to reach the model-free arm's final test success (on the tasks' mean
+    validation success): the headline's level and steps (headline.wm_figures), with each seed's steps (None: never
+    within its run)."""
+    fig = wm_figures(runs, tasks, None)
+    if "level" not in fig:
+        return {"level": None, "reason": fig["reasons"].get("ratio_online")}
+    out: dict[str, Any] = {"level": fig["level"]}
+    for arm, rows in runs.items():
+        out[arm] = {"steps_mean": fig.get(f"steps_{arm}"),
+                    "steps_per_seed": [first_at(r["curve"], fig["level"], None, tasks) for r in rows]}
+        if out[arm]["steps_mean"] is None:  # the headline's reason for having no ratio
+            out[arm]["reason"] = fig["reasons"].get(f"ratio_{arm}")
+    return out
+
+
+# --- world-model quality --------------------------------------------------------------------------------------------
+def record_heldout(config: str | None, tasks: list[str], episodes: int, out: Path) -> Path:
+    """Expert + noisy episodes on TEST seeds, recorded by `acce collect`'s own code (the offline data and every RL
+    run use training seeds, so no world model of the bench has seen them)."""
+    from acce.cli import build_parser
+    argv = ["collect", *(a for t in tasks for a in ("--task", t)), "--episodes", str(episodes), "--noise-std", "0.3",
+            "--noisy-fraction", "0.5", "--seeds", "test", "--out", str(out)] + (["--config", config] if config else [])
+    args = build_parser().parse_args(argv)
+    if args.fn(args) != 0:
+        raise RuntimeError(f"acce {' '.join(argv)} failed")
+    return out
+
+
+def evaluate_model(checkpoint: Path, data: Path, out_json: Path) -> dict[str, Any]:
+    """worldmodel/evaluate.py's open-loop evaluation of one checkpoint on the held-out store (JSON kept beside it)."""
+    from worldmodel.evaluate import wm_eval
+    return wm_eval(checkpoint, data, out_json)
+
+
+def quality(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures RL depends on from a wm_eval result: per horizon 1/4/16 image PSNR, state RMSE (raw units) and
+    reward MAE; the success head's precision and recall at logit > 0 and its positives."""
+    out: dict[str, Any] = {}
+    for h, r in results["horizons"].items():
+        out[f"h{h}"] = {"psnr_db": r.get("image_psnr_db"), "state_rmse": r.get("state_rmse"),
+                        "reward_mae": r.get("reward_mae"), "n": r["n"]}
+    head = results["success_head"]
+    out.update({"success_precision": head["precision"], "success_recall": head["recall"],
+                "success_positives": head["positives"], "episodes": results.get("episodes"),
+                "wm_version": results.get("wm_version")})
+    return out
+
+
+def mean_quality(blocks: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Seed mean of `quality` blocks (None entries, runs whose model was not saved, are left out)."""
+    have = [b for b in blocks if b is not None]
+    if not have:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in have[0].items():
+        if isinstance(v, dict):
+            out[k] = {f: _mean(b[k][f] for b in have) for f in v}
+        else:
+            out[k] = _mean(b[k] for b in have)
+    out["models"] = len(have)
+    return out
+
+
+def run_quality(run_dir: Path, heldout: Path | None) -> dict[str, Any] | None:
+    """`quality` of a finished run's world model (RUN/checkpoints/worldmodel.pt, saved by the trainer at the end of the
+    run); the evaluation is kept as RUN/wm_eval.json and reused. None if the run saved no world model."""
+    ckpt = run_dir / "checkpoints" / "worldmodel.pt"
+    if heldout is None or not ckpt.is_file():
+        return None
+    cached = run_dir / "wm_eval.json"
+    return quality(json.loads(cached.read_text()) if cached.is_file() else evaluate_model(ckpt, heldout, cached))
+
+
+def model_quality(runs: dict[str, list[dict[str, Any]]], before_rl: dict[str, Any],
+                  heldout: Path | None) -> dict[str, Any]:
+    """The `model_quality` block: per world-model arm the seed mean of its runs' end-of-run models (the pretrained
+    arm also its model before RL), and which held-out episodes they were scored on."""
+    out: dict[str, Any] = {"held_out": None if heldout is None else f"{heldout} (test seeds, expert + noisy)"}
+    for arm in WM_ARMS:
+        if arm not in runs:
+            continue
+        out[arm] = {"end_of_run": mean_quality([r.get("model_quality") for r in runs[arm]])}
+        if arm == "pretrained" and "pretrained_before_rl" in before_rl:
+            out[arm]["before_rl"] = before_rl["pretrained_before_rl"]
+    return out
+
+
 def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), target: float = 0.8,
                  budget_steps: int = 40_000, eval_episodes: int | None = None,
                  offline_episodes: int = 1000, pretrain_steps: int = 1500, warm_start: str = "",
-                 arms=ARMS, workdir: str | None = None, plot: str | None = None) -> dict[str, Any]:
+                 arms=ARMS, workdir: str | None = None, plot: str | None = None, budgets=BUDGETS,
+                 heldout_episodes: int = HELDOUT_EPISODES) -> dict[str, Any]:
     from acce.cli import main as acce_main
     from acce.config import load
     from acce.train import Trainer
 
+    budgets = sorted(int(b) for b in budgets)
+    if not budgets or budgets[0] <= 0 or budgets[-1] > budget_steps:
+        raise ValueError(f"budgets {budgets}: give real env step budgets > 0 and <= the run budget {budget_steps} "
+                         "(--budget-steps)")
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-wm-"))
     base = list(overrides) + [f"run.out_dir={root}"]
     cfg0 = load(config, base)
@@ -99,6 +239,15 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
             argv += ["--config", config]
         if acce_main(argv + [o for o in overrides if o.startswith("wm.")]) != 0:
             raise RuntimeError("acce wm-pretrain failed")
+    heldout, quality_of = None, {}
+    if any(a in WM_ARMS for a in arms):  # the held-out real episodes every world model is evaluated on
+        heldout = root / "heldout_test.zarr"
+        if not heldout.exists():
+            record_heldout(config, tasks, heldout_episodes, heldout)
+    if "pretrained" in arms:
+        quality_of["pretrained_before_rl"] = quality(
+            json.loads((wm_dir / "wm_eval.json").read_text()) if (wm_dir / "wm_eval.json").is_file()
+            else evaluate_model(wm_dir / "worldmodel.pt", heldout, wm_dir / "wm_eval.json"))
     arm_overrides = {"model_free": ["imagination.num_workers=0", "imagination.imagined_fraction=0"],
                      "online": [], "pretrained": [f"imagination.wm_init_from={wm_dir}"]}
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -122,13 +271,17 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
                              for h in hist]}
             for t in tasks:
                 row["steps_to_target"][t], row["wall_to_target_s"][t] = steps_to_target(hist, t, target)
+            if arm in WM_ARMS:  # the run's world model at its end
+                row["model_quality"] = run_quality(root / name, heldout)
             runs.setdefault(arm, []).append(row)
             print(f"[wm] {name}: steps to {target:.0%} {row['steps_to_target']} in {s['wall_s']:.0f} s", flush=True)
     runs = {arm: sorted(runs[arm], key=lambda r: r["seed"]) for arm in arms if arm in runs}
     result = {"tasks": tasks, "arms": list(arms), "seeds": list(seeds), "target": target,
               "budget_env_steps": budget_steps, "eval_every_versions": eval_every, "eval_episodes": eval_episodes,
               "offline_episodes": offline_episodes, "pretrain_steps": pretrain_steps,
-              "table": summarize(runs, tasks, budget_steps), "runs": runs,
+              "table": summarize(runs, tasks, budget_steps), "budgets": budget_table(runs, tasks, budgets),
+              "steps_to_model_free_final": steps_to_model_free_final(runs, tasks),
+              "model_quality": model_quality(runs, quality_of, heldout), "runs": runs,
               "counting": "env_steps: real steps consumed by the learner; wall_s: from the first learner update; "
                           "budget_env_steps: produced real steps (the stop)"}
     result["headline"] = wm_headline(result)
