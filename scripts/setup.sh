@@ -46,9 +46,10 @@ if ! grep -qE 'libavutil\.so\.(5[6-9]|60) ' <<< "$SHARED_LIBS"; then
     echo "[setup] installing FFmpeg libraries for video datasets: $FFMPEG_PKGS"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         $FFMPEG_PKGS; } > /dev/null 2>&1 \
-      || echo "[setup] warning: could not install $FFMPEG_PKGS; video LeRobotDatasets will not import" >&2
+      || echo "[setup] warning: could not install $FFMPEG_PKGS; video LeRobotDatasets will decode through" \
+        "PyAV instead of torchcodec (slower)" >&2
   else
-    echo "[setup] note: importing video LeRobotDatasets needs FFmpeg libraries: sudo apt-get install -y" \
+    echo "[setup] note: video LeRobotDatasets decode with torchcodec (else PyAV) given: sudo apt-get install -y" \
       "--no-install-recommends $FFMPEG_PKGS" >&2
   fi
 fi

@@ -66,6 +66,10 @@ def test_train_data_clones_evaluates_open_loop_and_the_checkpoint_drives_the_arm
     assert summary["env_spec"]["action_names"] == list(JOINTS) and summary["env_spec"]["control_hz"] == 30.0
 
     run = tmp_path / "arm"
+    # the checkpoint carries the data-derived rate limits, so a copy of it alone keeps them
+    from acce.checkpoint import load_checkpoint
+    ckpt = load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert len(ckpt["action_rates"]["max_rate"]) == 6
     # the world model pretrains on the same episodes (the run's import of the dataset)
     from worldmodel.cli import load_wm_config
     from worldmodel.pretrain import pretrain
