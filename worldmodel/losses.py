@@ -8,7 +8,8 @@ Losses, weighted by rollout_discount**t:
   predict  decode(ẑ_{t+1}, context=o_0) vs o_{t+1}          (so open-loop predictions stay decodable)
   latent   each head's f_k(ẑ_t, a_t) vs sg(encode(o_{t+1})) (TD-MPC2's consistency; sg = no gradient)
   reward   reward(z, a_t) vs r_t on both the encoded and the rolled-out latent
-  done     (terminated, success) logits of encode(o_{t+1}) and of ẑ_{t+1} vs the labels (BCE)
+  done     (terminated, success) logits of encode(o_{t+1}) and of ẑ_{t+1} vs the labels (BCE, positives weighted by
+           wm.done_pos_weight: a success is one frame of an episode, so an unweighted head learns to say "no")
 """
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def _pixels(images: torch.Tensor) -> torch.Tensor:
 
 def _wmean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x * w).sum() / w.sum().clamp_min(1e-6)
+
+
+def done_bce(logits: torch.Tensor, labels: torch.Tensor, pos_weight: float) -> torch.Tensor:
+    """Elementwise binary cross-entropy of (terminated, success) logits (..., 2) against 0/1 labels, a positive
+    label's term multiplied by pos_weight: -(pos_weight * y * log σ(x) + (1 - y) * log(1 - σ(x)))."""
+    return F.binary_cross_entropy_with_logits(logits, labels, reduction="none",
+                                              pos_weight=logits.new_tensor(pos_weight))
 
 
 def sequence_loss(model: WorldModel, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -80,9 +88,9 @@ def sequence_loss(model: WorldModel, batch: Mapping[str, torch.Tensor]) -> tuple
     zp = zp[:, 1:]
     latent_loss = _wmean(torch.stack(latent, 1), w)
     reward_loss = _wmean(torch.stack(rew, 1), w)
-    done_loss = _wmean(0.5 * (F.binary_cross_entropy_with_logits(model.done_logits(zp), labels, reduction="none")
-                              + F.binary_cross_entropy_with_logits(model.done_logits(z[:, 1:]), labels,
-                                                                   reduction="none")).sum(-1), w)
+    pw = cfg.done_pos_weight
+    done_loss = _wmean(0.5 * (done_bce(model.done_logits(zp), labels, pw)
+                              + done_bce(model.done_logits(z[:, 1:]), labels, pw)).sum(-1), w)
     total = (cfg.image_weight * (img_rec + img_pred) + cfg.state_weight * (state_rec + state_pred)
              + cfg.latent_weight * latent_loss + cfg.reward_weight * reward_loss + cfg.done_weight * done_loss)
     parts: dict[str, Any] = {"total": total, "image_recon": img_rec, "image_pred": img_pred, "state_recon": state_rec,
