@@ -117,7 +117,7 @@ def _open_loop(policy, train_eps, heldout, spec, mean_action, metrics, version: 
 def train_on_dataset(cfg: Config, progress: bool = True) -> dict[str, Any]:
     """Clone the dataset at cfg.dataset.path into a policy for its env spec, then (dataset.wm_steps > 0) pretrain a
     world model on it and (train.max_versions > 0) run RL in imagination; returns the run's summary."""
-    from acce.action_rates import recorded_action_rates, store_action_rates
+    from acce.action_rates import store_action_rates
     from acce.bc import DemoDataset, bc_train
     from acce.checkpoint import save_checkpoint
     from acce.dataset_labels import apply_labels, episode_flags, resolve_success
@@ -137,8 +137,7 @@ def train_on_dataset(cfg: Config, progress: bool = True) -> dict[str, Any]:
     save_config(cfg, run_dir / "config.yaml")
     store = dataset_store(cfg, run_dir)
     spec = store.schema.env_spec
-    rates = recorded_action_rates(store) or store_action_rates(store, cfg.dataset.max_rate_percentile,
-                                                                cfg.dataset.max_rate_margin)
+    rates = store_action_rates(store, cfg.dataset.max_rate_percentile, cfg.dataset.max_rate_margin)
     episodes = list(store.iter_episodes())
     train_eps, heldout = split_episodes(episodes, cfg.dataset.heldout_fraction)
     summary: dict[str, Any] = {}
