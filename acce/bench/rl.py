@@ -106,8 +106,8 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
                          "eval.every_versions > 0 in the preset or as an override")
     tasks = list(tasks or cfg0.env.tasks)
     per_task = parse_task_overrides(task_overrides, tasks)
-    for task, items in per_task.items():
-        load(config, list(overrides) + [f"env.tasks=[{task}]", *items])
+    for task in tasks:  # every task's runs are checked before the first one starts
+        load(config, list(overrides) + _task_overrides(task, per_task))
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-rl-"))
     base = list(overrides) + [f"run.out_dir={root}"]
     cases = {"default": [], **({"long_tail": LONG_TAIL} if long_tail else {})}
@@ -119,9 +119,7 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
                                           "(start-up apart as startup_s); budget_env_steps: produced (the stop)"}
     for task in tasks:
         slug = task.replace("/", "_")
-        task_base = base + [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
-        if task.startswith("metaworld/"):  # no privileged labels there: the policy's own critic
-            task_base.append("policy.critic=trunk")
+        task_base = base + _task_overrides(task, per_task)
         warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
         if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
@@ -137,6 +135,15 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
     if plot:
         _plot(result, plot)
     return result
+
+
+def _task_overrides(task: str, per_task: dict[str, list[str]]) -> list[str]:
+    """What one task's warm start and runs add to the preset: the task alone, uniform sampling, its --task-overrides,
+    and for Meta-World the policy's own critic (no privileged labels there)."""
+    out = [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
+    if task.startswith("metaworld/"):
+        out.append("policy.critic=trunk")
+    return out
 
 
 def _run_case(config, task_base: list[str], task: str, prefix: str, warm: Path, root: Path, seeds, modes,
