@@ -328,7 +328,7 @@ class Config:
                               "eval.every_versions > 0 (or train.select_on_val=false)")
         if not 0.0 <= self.train.stop_at_success <= 1.0:
             raise ConfigError(f"train.stop_at_success must be in [0, 1], got {self.train.stop_at_success}")
-        # tasks without aux labels (Meta-World) get aux_input turned off when training starts (wiring.fit_aux)
+        # tasks without aux labels (none today) get aux_input turned off when training starts (wiring.fit_aux)
         if self.policy.aux_input and not self.bc.aux_loss_coef > 0 and all(map(has_aux_labels, self.env.tasks)):
             raise ConfigError("policy.aux_input feeds the aux head's position estimate to the policy, which only the "
                               "aux loss teaches: set bc.aux_loss_coef > 0 (e.g. 1.0) or policy.aux_input=false")
@@ -342,8 +342,9 @@ class Config:
         if self.policy.critic == "privileged" and not self.learner.recompute_values:
             raise ConfigError("policy.critic=privileged needs learner.recompute_values=true: actors stamp no "
                               "privileged value, the learner computes it from the segments' obs['aux']")
-        if self.policy.critic == "privileged" and any(t.startswith("metaworld/") for t in self.env.tasks):
-            raise ConfigError("policy.critic=privileged reads the tabletop tasks' privileged labels; Meta-World tasks "
+        unlabelled = [t for t in self.env.tasks if not has_aux_labels(t)]
+        if self.policy.critic == "privileged" and unlabelled:
+            raise ConfigError(f"policy.critic=privileged reads the sim's privileged labels (obs['aux']); {unlabelled} "
                               "have none: use policy.critic=trunk")
         check_imagination(self)
 

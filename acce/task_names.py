@@ -30,8 +30,9 @@ def is_metaworld(name: str) -> bool:
 
 
 def has_aux_labels(name: str) -> bool:
-    """Whether the sim can record privileged aux labels (obs["aux"]) for a task: only the tabletop tasks can."""
-    return name in KNOWN_TASKS
+    """Whether the sim can record privileged aux labels (obs["aux"]) for a task: every tabletop and Meta-World v3
+    task can (object xy, goal xy); unknown names cannot."""
+    return name in KNOWN_TASKS or (is_metaworld(name) and name[len(METAWORLD_PREFIX):] in METAWORLD_TASKS)
 
 
 def task_id(name: str) -> int:

@@ -51,31 +51,30 @@ def env_spec(cfg) -> EnvSpec:
 
 
 def fit_aux(cfg, *, verbose: bool = True):
-    """cfg with the perception aux path off when env.tasks have no aux labels (Meta-World), saying so in one line.
+    """cfg with the perception aux path off when env.tasks have no aux labels, saying so in one line.
 
-    bc.aux_loss_coef and policy.aux_input need the sim's privileged positions (obs["aux"]), which only the tabletop
-    tasks record; presets turn them on for those, so a Meta-World run of a preset switches them off here instead of
-    failing. Tabletop and Meta-World tasks in one run are a ConfigError (no shared state size or control rate)."""
+    bc.aux_loss_coef and policy.aux_input need the sim's privileged positions (obs["aux"]); presets turn them on, so
+    a run on tasks the sim cannot label switches them off here instead of failing. Every tabletop and Meta-World task
+    has labels today (acce.task_names.has_aux_labels); the switch stays for tasks added without them. Tabletop and
+    Meta-World tasks in one run are a ConfigError (no shared state size or control rate)."""
     import dataclasses
 
     from acce.configlib import ConfigError
-    from acce.task_names import has_aux_labels
+    from acce.task_names import has_aux_labels, is_metaworld
     tasks = cfg.env.tasks
+    metaworld = [t for t in tasks if is_metaworld(t)]
+    if metaworld and len(metaworld) < len(tasks):
+        tabletop = [t for t in tasks if not is_metaworld(t)]
+        raise ConfigError(f"env.tasks mixes tabletop tasks {tabletop} with Meta-World tasks {metaworld}: they differ "
+                          "in state size and control rate, so one policy cannot act in both; train them in separate "
+                          "runs")
     without = [t for t in tasks if not has_aux_labels(t)]
-    aux_on = cfg.bc.aux_loss_coef > 0 or cfg.policy.aux_input
-    if without and len(without) < len(tasks):
-        with_aux = [t for t in tasks if has_aux_labels(t)]
-        why = (f", and Meta-World has no aux labels for bc.aux_loss_coef={cfg.bc.aux_loss_coef:g} / "
-               f"policy.aux_input={str(cfg.policy.aux_input).lower()}") if aux_on else ""
-        raise ConfigError(f"env.tasks mixes tabletop tasks {with_aux} with Meta-World tasks {without}: they differ in "
-                          f"state size and control rate, so one policy cannot act in both{why}; train them in "
-                          "separate runs")
-    if not without or not aux_on:
+    if not without or not (cfg.bc.aux_loss_coef > 0 or cfg.policy.aux_input):
         return cfg
     if verbose:
         changed = [f"bc.aux_loss_coef {cfg.bc.aux_loss_coef:g} -> 0"] * (cfg.bc.aux_loss_coef > 0) + \
             ["policy.aux_input true -> false"] * cfg.policy.aux_input
-        print(f"acce: no aux labels in {', '.join(without)} (Meta-World): {', '.join(changed)}", flush=True)
+        print(f"acce: no aux labels in {', '.join(without)}: {', '.join(changed)}", flush=True)
     return dataclasses.replace(cfg, bc=dataclasses.replace(cfg.bc, aux_loss_coef=0.0),
                                policy=dataclasses.replace(cfg.policy, aux_input=False))
 

@@ -9,6 +9,11 @@ Observation: {"image/front": (H, W, 3) uint8, "state": (4,) float32, "instructio
 proprioception only: hand xyz and gripper opening, the first 4 entries of Meta-World's 39-d observation. Object and
 goal positions are NOT in it; the policy has to see them (the goal is drawn as a small sphere site in the image).
 Actions: (4,) float32 in [-1, 1] = hand xyz delta + gripper effort, which is Meta-World's own action space.
+With `aux_labels=True` every observation also carries obs["aux"], (4,) float32 privileged labels read from the 39-d
+vector: the first object's xy ([4:6]) then the goal's xy ([36:38]), in Meta-World's world frame (m). These are for
+BC supervision (bc.aux_loss_coef) and the privileged critic only, never a policy input; evaluation envs omit them.
+"First object" is whatever Meta-World lists first: the puck in push/pick-place, the door handle in door-open; in
+reach-v3 a puck that lies on the table but plays no part (the goal is what matters, and its height is not labelled).
 
 How Meta-World is driven (metaworld 3.0.0):
   - the env class comes from `metaworld.env_dict.ALL_V3_ENVIRONMENTS[name]`, built with our image size;
@@ -40,7 +45,8 @@ import numpy as np  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 
 from acce.task_names import task_id  # noqa: E402
-from acce.types import EnvSpec  # noqa: E402
+from acce.types import AUX_KEY, EnvSpec  # noqa: E402
+from sim.task import AUX_DIM  # noqa: E402
 
 TASK_PREFIX = "metaworld/"
 """registry prefix of Meta-World task names: "metaworld/reach-v3" """
@@ -51,6 +57,10 @@ INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " " + string.punctu
 """characters an instruction may contain (gymnasium Text space)"""
 STATE_DIM = 4
 """hand xyz + gripper opening"""
+AUX_OBJECT_XY = slice(4, 6)
+"""the first object's xy in Meta-World's 39-d observation (its position is [4:7])"""
+AUX_GOAL_XY = slice(36, 38)
+"""the goal's xy in the 39-d observation (its position is [36:39], present because _partially_observable=False)"""
 ACTION_REPR = "delta_xyz_gripper"
 """Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its
 action_scale (our max_step_m), then a gripper effort (+1 closes)"""
@@ -137,13 +147,15 @@ class MetaWorldEnv(gym.Env):
     """One Meta-World v3 task with pixels + proprioception + instruction (see module docstring).
 
     `step` == `step_no_render` followed by `observe`; the vector env calls the two halves separately so that the
-    steps inside an action chunk skip rendering.
+    steps inside an action chunk skip rendering. aux_labels: also put the privileged object/goal xy in obs["aux"]
+    (BC supervision and the privileged critic only, never a policy input; see the module docstring).
     """
 
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, name: str, image_size: int = 64, max_episode_steps: int | None = None,
-                 camera: str = DEFAULT_CAMERA, antialias: bool = True, render_mode: str | None = None):
+                 camera: str = DEFAULT_CAMERA, antialias: bool = True, render_mode: str | None = None,
+                 aux_labels: bool = False):
         bare = _bare_name(name)
         envs = _v3_envs()
         if bare not in envs:
@@ -161,6 +173,7 @@ class MetaWorldEnv(gym.Env):
         self.instruction = metaworld_instruction(bare)
         self.image_size = int(image_size)
         self.render_mode = render_mode
+        self.aux_labels = bool(aux_labels)
 
         # width/height size the offscreen framebuffer that our renderer draws into.
         self._env = envs[bare](width=self.image_size, height=self.image_size)
@@ -200,11 +213,14 @@ class MetaWorldEnv(gym.Env):
         self.antialias = antialias
         self._renderer: mujoco.Renderer | None = None  # created on first render: no GL context until needed
 
-        self.observation_space = spaces.Dict({
+        obs_spaces: dict[str, spaces.Space] = {
             "image/front": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
             "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
             "instruction": spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET),
-        })
+        }
+        if self.aux_labels:
+            obs_spaces[AUX_KEY] = spaces.Box(-10.0, 10.0, (AUX_DIM,), np.float32)  # m: the table is ~1 m across
+        self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Box(-1.0, 1.0, (self.action_dim,), np.float32)
 
         self._expert = None
@@ -274,14 +290,17 @@ class MetaWorldEnv(gym.Env):
                                                       "task": self.task_name, "task_id": self.task_id}
 
     def observe(self) -> dict[str, Any]:
-        """Render the camera and read proprioception for the current physics state."""
+        """Render the camera and read proprioception (and the aux labels, if asked for) for the current state."""
         if self._mw_obs is None:
             raise RuntimeError(f"{self.task_name}: call reset() before observe()")
-        return {
+        obs = {
             "image/front": self._render_image(),
             "state": self._mw_obs[:STATE_DIM].astype(np.float32),
             "instruction": self.instruction,
         }
+        if self.aux_labels:
+            obs[AUX_KEY] = self.aux_targets()
+        return obs
 
     # --- privileged helpers -------------------------------------------------------------------------------
     def expert_action(self, noise_std: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -306,6 +325,12 @@ class MetaWorldEnv(gym.Env):
         """Meta-World's full (39,) observation (object and goal poses); for experts and debugging only."""
         return self._mw_obs.copy()
 
+    def aux_targets(self) -> np.ndarray:
+        """(AUX_DIM,) float32 privileged labels: the first object's xy, then the goal's xy (m, world frame)."""
+        if self._mw_obs is None:
+            raise RuntimeError(f"{self.task_name}: call reset() before aux_targets()")
+        return np.concatenate([self._mw_obs[AUX_OBJECT_XY], self._mw_obs[AUX_GOAL_XY]]).astype(np.float32)
+
     def _render_image(self) -> np.ndarray:
         if self._renderer is None:
             self._renderer = mujoco.Renderer(self._env.model, self.image_size, self.image_size)
@@ -314,9 +339,11 @@ class MetaWorldEnv(gym.Env):
 
 
 def make_metaworld_env(name: str, image_size: int = 64, max_episode_steps: int | None = None,
-                       antialias: bool = True) -> MetaWorldEnv:
+                       antialias: bool = True, aux_labels: bool = False) -> MetaWorldEnv:
     """Build a Meta-World task by name ("reach-v3" or "metaworld/reach-v3"); unknown names list close matches.
 
-    antialias=False renders ~2.7x faster on CPU at 64x64 at the cost of aliased edges.
+    antialias=False renders ~2.7x faster on CPU at 64x64 at the cost of aliased edges. aux_labels: obs["aux"] for
+    training envs (privileged; see MetaWorldEnv).
     """
-    return MetaWorldEnv(name, image_size=image_size, max_episode_steps=max_episode_steps, antialias=antialias)
+    return MetaWorldEnv(name, image_size=image_size, max_episode_steps=max_episode_steps, antialias=antialias,
+                        aux_labels=aux_labels)

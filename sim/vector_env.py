@@ -22,14 +22,13 @@ TaskSampler = Callable[[np.random.Generator], str]
 def make_single_env(task: str, *, image_size: int = 64, cameras: tuple[str, ...] = ("front",),
                     instruction_split: str = "train", task_config: TaskConfig | None = None,
                     aux_labels: bool = False):
-    """A tabletop task by name, or a Meta-World v3 task as "metaworld/<name>-v3" (same env contract)."""
+    """A tabletop task by name, or a Meta-World v3 task as "metaworld/<name>-v3" (same env contract, aux labels
+    included: obs["aux"] is the object and goal xy for both)."""
     if task.startswith("metaworld/"):
-        if aux_labels:
-            raise ValueError(f"{task} has no privileged aux labels (obs['aux']); record Meta-World tasks with "
-                             "aux_labels=False (training turns bc.aux_loss_coef off for them by itself)")
         from sim.metaworld_env import make_metaworld_env  # lazy: Meta-World is heavy to import
         return make_metaworld_env(task, image_size=image_size,
-                                  max_episode_steps=getattr(task_config, "max_steps", 0) or None)
+                                  max_episode_steps=getattr(task_config, "max_steps", 0) or None,
+                                  aux_labels=aux_labels)
     return TabletopEnv(task, image_size=image_size, cameras=cameras, instruction_split=instruction_split,
                        task_config=task_config, aux_labels=aux_labels)
 

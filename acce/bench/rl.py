@@ -138,12 +138,9 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
 
 
 def _task_overrides(task: str, per_task: dict[str, list[str]]) -> list[str]:
-    """What one task's warm start and runs add to the preset: the task alone, uniform sampling, its --task-overrides,
-    and for Meta-World the policy's own critic (no privileged labels there)."""
-    out = [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
-    if task.startswith("metaworld/"):
-        out.append("policy.critic=trunk")
-    return out
+    """What one task's warm start and runs add to the preset: the task alone, uniform sampling and its
+    --task-overrides (Meta-World tasks keep the preset's critic: they record privileged labels too)."""
+    return [f"env.tasks=[{task}]", "rollout.task_sampling=uniform", *per_task.get(task, [])]
 
 
 def _run_case(config, task_base: list[str], task: str, prefix: str, warm: Path, root: Path, seeds, modes,

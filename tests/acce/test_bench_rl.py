@@ -84,16 +84,16 @@ def test_rl_bench_sizes_one_tasks_warm_start_apart(fake_trainer, tmp_path):  # n
     assert out["warm_start"]["reach"]["overrides"] == []
 
 
-def test_rl_bench_runs_meta_world_with_the_policys_own_critic(fake_trainer, tmp_path):  # noqa: F811
-    """A preset with the privileged critic (configs/bench_rl.yaml) must still bench a Meta-World task, whose envs
-    have no privileged labels: the task's runs, and the check made before any of them, use policy.critic=trunk."""
+def test_rl_bench_keeps_the_privileged_critic_for_meta_world(fake_trainer, tmp_path):  # noqa: F811
+    """A preset with the privileged critic (configs/bench_rl.yaml) benches a Meta-World task with it too: its envs
+    record privileged labels (obs["aux"]), so neither the up-front check nor the task's runs swap the critic."""
     fake_trainer.outcome = staticmethod(_outcome)
     rl_bench.run_rl_bench(None, ["eval.every_versions=50", "policy.critic=privileged"],
                           tasks=["reach", "metaworld/reach-v3"], seeds=(0,), budget_steps=4000, workdir=str(tmp_path),
                           task_overrides=["metaworld/reach-v3:bc.episodes=20"])
     critic = {(c.env.tasks[0], bool(c.train.init_from)): c.policy.critic for c in fake_trainer.made}
     assert critic == {("reach", False): "privileged", ("reach", True): "privileged",
-                      ("metaworld/reach-v3", False): "trunk", ("metaworld/reach-v3", True): "trunk"}
+                      ("metaworld/reach-v3", False): "privileged", ("metaworld/reach-v3", True): "privileged"}
 
 
 @pytest.mark.parametrize("spec, match", [("push", "write TASK:KEY=VALUE"), ("push:bc.episodes", "write TASK"),
