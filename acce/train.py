@@ -45,7 +45,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
         from acce.device import driver_device
         from acce.wiring import fit_aux
-        cfg = fit_aux(cfg)  # Meta-World tasks: aux off (one printed line); saved so resume and eval see it too
+        cfg = fit_aux(cfg)  # aux off for tasks without labels (one printed line); saved so resume and eval see it
         self.cfg, self.progress = cfg, progress
         self.device = driver_device(cfg.runtime)
         """where this process runs the policy (warm start, learner, evaluation); runtime.device=cuda without CUDA

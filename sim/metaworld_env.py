@@ -61,6 +61,12 @@ AUX_OBJECT_XY = slice(4, 6)
 """the first object's xy in Meta-World's 39-d observation (its position is [4:7])"""
 AUX_GOAL_XY = slice(36, 38)
 """the goal's xy in the 39-d observation (its position is [36:39], present because _partially_observable=False)"""
+AUX_ORIGIN_XY = np.array([0.0, 0.6])
+"""subtracted from both labels: Meta-World's table centre, so the labels are small numbers around 0 as the
+tabletop's table-frame ones are (the privileged critic scales them by a constant and expects no offset)"""
+GOAL_ONLY_TASKS = ("reach-v3", "reach-wall-v3")
+"""tasks whose object plays no part (reach's puck is placed at random and never touched): their aux labels are the
+goal twice, as tabletop reach's are, so no keypoint capacity goes to finding an irrelevant puck"""
 ACTION_REPR = "delta_xyz_gripper"
 """Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its
 action_scale (our max_step_m), then a gripper effort (+1 closes)"""
@@ -326,10 +332,13 @@ class MetaWorldEnv(gym.Env):
         return self._mw_obs.copy()
 
     def aux_targets(self) -> np.ndarray:
-        """(AUX_DIM,) float32 privileged labels: the first object's xy, then the goal's xy (m, world frame)."""
+        """(AUX_DIM,) float32 privileged labels: the first object's xy, then the goal's xy (m, world frame minus
+        AUX_ORIGIN_XY); the goal twice for GOAL_ONLY_TASKS."""
         if self._mw_obs is None:
             raise RuntimeError(f"{self.task_name}: call reset() before aux_targets()")
-        return np.concatenate([self._mw_obs[AUX_OBJECT_XY], self._mw_obs[AUX_GOAL_XY]]).astype(np.float32)
+        goal = self._mw_obs[AUX_GOAL_XY]
+        first = goal if self.env_name in GOAL_ONLY_TASKS else self._mw_obs[AUX_OBJECT_XY]
+        return (np.concatenate([first, goal]) - np.tile(AUX_ORIGIN_XY, 2)).astype(np.float32)
 
     def _render_image(self) -> np.ndarray:
         if self._renderer is None:

@@ -1,4 +1,5 @@
-"""Meta-World privileged aux labels: obs["aux"] = first object's xy, then the goal's xy, read from the 39-d vector,
+"""Meta-World privileged aux labels: obs["aux"] = first object's xy (reach: the goal's), then the goal's xy,
+relative to the table centre, read from the 39-d vector,
 on request only, at reset, after steps and through the vector env's split step/observe."""
 import os
 
@@ -30,8 +31,10 @@ def make_env():
 
 
 def _expected(env) -> np.ndarray:
+    """object xy (goal xy for reach, whose puck is irrelevant), goal xy, relative to the table centre (0, 0.6)"""
     priv = env.privileged_obs  # (39,): object position at [4:7], goal position at [36:39]
-    return np.concatenate([priv[4:6], priv[36:38]]).astype(np.float32)
+    first = priv[36:38] if env.env_name == "reach-v3" else priv[4:6]
+    return (np.concatenate([first, priv[36:38]]) - np.array([0.0, 0.6, 0.0, 0.6])).astype(np.float32)
 
 
 @pytest.mark.parametrize("name", ["reach-v3", "push-v3"])
