@@ -31,14 +31,15 @@ def test_tasks_without_labels_still_turn_aux_off_with_one_line(capsys, monkeypat
     import acce.task_names
     for module in (acce.task_names, acce.config):  # acce.config holds its own reference
         monkeypatch.setattr(module, "has_aux_labels", lambda name: name != MW)
-    cfg = load("configs/default.yaml", [f"env.tasks=[{MW}]"])
+    cfg = load("configs/default.yaml", [f"env.tasks=[{MW}]", "policy.critic=trunk"])  # the preset's critic needs labels
     fitted = fit_aux(cfg)
     assert fitted.bc.aux_loss_coef == 0 and not fitted.policy.aux_input
     assert fitted.policy.keypoints == cfg.policy.keypoints and fitted.env == cfg.env  # nothing else changes
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and MW in lines[0] and "bc.aux_loss_coef" in lines[0] and "aux_input" in lines[0]
     # half-way (only the loss off) is fine too: the rest is switched off the same way
-    assert not fit_aux(load("configs/default.yaml", [f"env.tasks=[{MW}]", "bc.aux_loss_coef=0"])).policy.aux_input
+    assert not fit_aux(load("configs/default.yaml", [f"env.tasks=[{MW}]", "bc.aux_loss_coef=0",
+                                                     "policy.critic=trunk"])).policy.aux_input
     assert capsys.readouterr().out.endswith(f"{MW}: policy.aux_input true -> false\n")
     with pytest.raises(ConfigError, match="privileged labels"):
         load(None, [f"env.tasks=[{MW}]", "policy.critic=privileged"])
