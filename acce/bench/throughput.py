@@ -120,7 +120,8 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
             for mode in row["order"]:
                 cfg = load(config, list(overrides) + extra + [
                     f"runtime.mode={mode}", f"train.max_wall_s={duration_s}", "train.final_eval=false",
-                    "eval.every_versions=0", "bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp}",
+                    "eval.every_versions=0", "train.select_on_val=false", "bc.steps=0", "bc.episodes=0",
+                    f"run.out_dir={tmp}",
                     f"run.name={case}_{mode}", "train.checkpoint_every_versions=1000000"])
                 s = Trainer(cfg, progress=False).run()
                 row[mode] = {k: s.get(k) for k in ("env_steps_per_s", "env_steps", "learner_version", "wall_s",

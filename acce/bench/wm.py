@@ -223,7 +223,8 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
         warm_start = str(root / "bc" / "checkpoints" / "bc.pt")
         if not Path(warm_start).is_file():
             Trainer(load(config, base + ["run.name=bc", "train.max_versions=1", "train.final_eval=false",
-                                         "eval.every_versions=0"]), progress=False).run()
+                                         "eval.every_versions=0", "train.select_on_val=false"]),
+                    progress=False).run()
     wm_dir = root / "wm_pretrained"
     if "pretrained" in arms and not (wm_dir / "worldmodel.pt").is_file():
         data = root / "offline.zarr"

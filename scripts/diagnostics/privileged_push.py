@@ -56,7 +56,7 @@ def main() -> None:
     cfg = load("configs/default.yaml", [
         "env.tasks=[push]", "collect.tasks=[push]", "runtime.kind=local", "bc.episodes=500", "bc.steps=1500",
         "bc.dagger_rounds=1", "bc.dagger_episodes=150", "train.max_wall_s=0", "train.max_versions=2",
-        "eval.every_versions=0", "eval.episodes_per_task=50", f"run.name=diag_{args.mode}",
+        "eval.every_versions=0", "train.select_on_val=false", "eval.episodes_per_task=50", f"run.name=diag_{args.mode}",
         *([] if args.mode == "aux" else BEFORE_AUX), *args.overrides])
     summary = Trainer(cfg, progress=False).run()
     for cell, r in summary["eval"].items():

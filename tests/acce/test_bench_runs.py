@@ -343,3 +343,15 @@ def test_throughput_ratio_uses_consumed_steps_after_startup(fake_trainer):
     assert row["async"]["consumed_env_steps_per_s"] == pytest.approx(300.0, rel=1e-3)
     assert row["sync"]["startup_s"] == pytest.approx(2.0, abs=1e-2)
     assert row["ratio_of"] == "consumed_env_steps_per_s" and row["async_over_sync"] == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("preset", sorted(str(p) for p in __import__("pathlib").Path("configs").glob("*.yaml")
+                                           if "wm" not in p.name))  # imagination presets cannot run sync
+def test_bench_throughput_runs_with_every_preset(fake_trainer, preset):  # noqa: F811
+    """Its runs evaluate nothing (eval.every_versions=0), so they must also turn off a preset's train.select_on_val,
+    which needs periodic validation evaluations (the main job's preset has it on)."""
+    from acce.bench.throughput import run_throughput
+    fake_trainer.outcome = staticmethod(lambda cfg: {"env_steps_per_s": 1.0, "learner_version": 1})
+    run_throughput(preset, [], duration_s=1.0, cases={"default": []})
+    assert len(fake_trainer.made) == 2
+    assert all(c.eval.every_versions == 0 and not c.train.select_on_val for c in fake_trainer.made)
