@@ -1,5 +1,5 @@
-"""Meta-World privileged aux labels: obs["aux"] = first object's xy (reach: the goal's), then the goal's xy,
-relative to the table centre, read from the 39-d vector,
+"""Meta-World privileged aux labels: obs["aux"] = first object's xy, then the goal's xy, relative to the table
+centre (reach: the goal's xy, then its height twice), read from the 39-d vector,
 on request only, at reset, after steps and through the vector env's split step/observe."""
 import os
 
@@ -31,10 +31,11 @@ def make_env():
 
 
 def _expected(env) -> np.ndarray:
-    """object xy (goal xy for reach, whose puck is irrelevant), goal xy, relative to the table centre (0, 0.6)"""
+    """object xy then goal xy relative to the table centre (0, 0.6); reach (its puck is idle): goal xy, z, z"""
     priv = env.privileged_obs  # (39,): object position at [4:7], goal position at [36:39]
-    first = priv[36:38] if env.env_name == "reach-v3" else priv[4:6]
-    return (np.concatenate([first, priv[36:38]]) - np.array([0.0, 0.6, 0.0, 0.6])).astype(np.float32)
+    if env.env_name == "reach-v3":
+        return np.array([priv[36], priv[37] - 0.6, priv[38], priv[38]], np.float32)
+    return np.array([priv[4], priv[5] - 0.6, priv[36], priv[37] - 0.6], np.float32)
 
 
 @pytest.mark.parametrize("name", ["reach-v3", "push-v3"])
