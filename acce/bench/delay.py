@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from acce.bench.fair import mode_order, run_counts
+from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, run_counts
 from acce.bench.headline import delay_headline
 from acce.stats import seed_interval
 
@@ -45,8 +45,7 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
             if not ckpt.is_file() and (separate or mode == "naive"):
                 extra = [f"bc.random_delay_steps={max(delays)}"] if separate and mode == "aware" else []
                 Trainer(load(config, base + [f"run.name={ckpt.parent.parent.name}", "train.max_versions=1",
-                                             "train.final_eval=false", "eval.every_versions=0",
-                                             "train.select_on_val=false"] + extra),
+                                             "train.final_eval=false", *NO_PERIODIC_EVAL] + extra),
                         progress=False).run()
         for d in delays:  # the warm start itself at each latency, with its learner's inputs: what RL starts from
             for aware in ((True,) if d == 0 and not separate else (True, False)):
@@ -67,7 +66,7 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                         cfg = load(config, base + [
                             f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm[mode]}",
                             f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
-                            f"train.max_env_steps={budget_steps}", "eval.every_versions=0", "train.select_on_val=false",
+                            f"train.max_env_steps={budget_steps}", *NO_PERIODIC_EVAL,
                             f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
                             "bc.episodes=0"])
                         s = Trainer(cfg, progress=False).run()

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 CONSUMED_TAG = "learner/consumed_env_steps"
+NO_PERIODIC_EVAL = ("eval.every_versions=0", "train.select_on_val=false")
+"""overrides of a bench run that evaluates nothing while it trains (a warm start, a throughput run): no periodic
+validation, hence nothing for train.select_on_val to choose from, which a preset may have on"""
 
 
 def mode_order(seed: int, modes) -> tuple:

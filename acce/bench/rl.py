@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.bench.fair import mode_order, run_counts
+from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, run_counts
 from acce.bench.headline import rl_headline
 from acce.bench.throughput import CASES as THROUGHPUT_CASES
 from acce.stats import seed_interval, wilson_interval
@@ -123,7 +123,7 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
         warm = root / f"{slug}_bc" / "checkpoints" / "bc.pt"
         if not warm.is_file():  # one limited warm start per task, shared by every seed and mode
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
-                                              "eval.every_versions=0", "train.select_on_val=false"]),
+                                              *NO_PERIODIC_EVAL]),
                     progress=False).run()
         result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
         for case, extra in cases.items():

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acce.bench.fair import mode_order, read_timeline
+from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, read_timeline
 
 CASES = {
     "default": [],
@@ -120,8 +120,7 @@ def run_throughput(config: str | None, overrides: list[str], duration_s: float,
             for mode in row["order"]:
                 cfg = load(config, list(overrides) + extra + [
                     f"runtime.mode={mode}", f"train.max_wall_s={duration_s}", "train.final_eval=false",
-                    "eval.every_versions=0", "train.select_on_val=false", "bc.steps=0", "bc.episodes=0",
-                    f"run.out_dir={tmp}",
+                    *NO_PERIODIC_EVAL, "bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp}",
                     f"run.name={case}_{mode}", "train.checkpoint_every_versions=1000000"])
                 s = Trainer(cfg, progress=False).run()
                 row[mode] = {k: s.get(k) for k in ("env_steps_per_s", "env_steps", "learner_version", "wall_s",

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.bench.fair import mode_order, run_counts
+from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, run_counts
 from acce.bench.headline import first_at, val_success, wm_figures, wm_headline
 
 ARMS = ("model_free", "online", "pretrained")
@@ -223,7 +223,7 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
         warm_start = str(root / "bc" / "checkpoints" / "bc.pt")
         if not Path(warm_start).is_file():
             Trainer(load(config, base + ["run.name=bc", "train.max_versions=1", "train.final_eval=false",
-                                         "eval.every_versions=0", "train.select_on_val=false"]),
+                                         *NO_PERIODIC_EVAL]),
                     progress=False).run()
     wm_dir = root / "wm_pretrained"
     if "pretrained" in arms and not (wm_dir / "worldmodel.pt").is_file():
