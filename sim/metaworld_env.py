@@ -68,6 +68,10 @@ GOAL_ONLY_TASKS = ("reach-v3", "reach-wall-v3")
 """tasks whose object plays no part (reach's puck is placed at random and never touched): their aux labels are the
 goal's x, y, z, z instead. Their goal height varies over 0.05-0.3 m, more than its x or y (0.2 / 0.1 m), and success
 is a 3-d distance, so a policy told only the goal's xy guesses the height (about 25 % success from 20-50 demos)"""
+MW_MAX_REWARD = 10.0
+"""Meta-World's shaped reward per step is in 0..10; acce returns it minus this. Success ends an acce episode, so with the
+raw reward hovering just outside the success radius (~9 a step for the rest of the episode) was worth more to RL than
+succeeding (docs/decisions.md); shifted, every step before success costs and succeeding is the best outcome."""
 ACTION_REPR = "delta_xyz_gripper"
 """Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its
 action_scale (our max_step_m), then a gripper effort (+1 closes)"""
@@ -275,9 +279,10 @@ class MetaWorldEnv(gym.Env):
     def step_no_render(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
         """Advance physics one control step; returns (reward, terminated, truncated, info), no observation.
 
-        info["success"] is Meta-World's success predicate; info["reward_terms"] its raw reward terms. The reward is
-        Meta-World's shaped reward (0..10), which combines the terms non-linearly rather than as a weighted sum.
-        terminated is True on success; truncated when `max_episode_steps` is reached without success.
+        info["success"] is Meta-World's success predicate; info["reward_terms"] its raw reward terms, and
+        info["mw_reward"] Meta-World's shaped reward (0..10, the terms combined non-linearly). The reward returned is
+        that minus MW_MAX_REWARD. terminated is True on success; truncated when `max_episode_steps` is reached
+        without success.
         """
         if self._needs_reset:
             raise RuntimeError(f"{self.task_name}: call reset() before step() (and after an episode ends)")
@@ -293,8 +298,9 @@ class MetaWorldEnv(gym.Env):
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._needs_reset = terminated or truncated
         reward_terms = {k: float(v) for k, v in mw_info.items() if k not in ("success", "unscaled_reward")}
-        return float(reward), terminated, truncated, {"success": success, "reward_terms": reward_terms,
-                                                      "task": self.task_name, "task_id": self.task_id}
+        return float(reward) - MW_MAX_REWARD, terminated, truncated, {
+            "success": success, "reward_terms": reward_terms, "mw_reward": float(reward),
+            "task": self.task_name, "task_id": self.task_id}
 
     def observe(self) -> dict[str, Any]:
         """Render the camera and read proprioception (and the aux labels, if asked for) for the current state."""

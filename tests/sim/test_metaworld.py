@@ -247,3 +247,18 @@ def test_in_the_vector_env():
         SimVectorEnv(["reach", "metaworld/reach-v3"], 1, image_size=16)
     with pytest.raises(ValueError, match="unknown field"):
         task_config_from_params("metaworld/reach-v3", {"ball_speed_mps": 1})
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_reward_is_meta_worlds_minus_its_maximum(make_env, name):
+    """Success ends an episode here (not in Meta-World), so its 0..10 reward is shifted to -10..0: hovering just
+    outside the success radius would otherwise pay ~9 a step for the rest of the episode, more than succeeding."""
+    from sim.metaworld_env import MW_MAX_REWARD
+    env = make_env(name)
+    env.reset(seed=0)
+    for _ in range(30):
+        reward, terminated, truncated, info = env.step_no_render(env.expert_action())
+        assert reward == pytest.approx(info["mw_reward"] - MW_MAX_REWARD) and reward <= 1e-9
+        assert info["mw_reward"] > 0  # the expert's steps carry Meta-World's shaping
+        if terminated or truncated:
+            break

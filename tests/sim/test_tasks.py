@@ -295,3 +295,30 @@ def test_aux_labels_are_the_named_object_and_goal_and_only_on_request(task, make
     for _ in range(5):  # labels follow the scene as things move (the expert pushes, the balls orbit)
         obs, *_ = env.step(env.expert_action())
     np.testing.assert_allclose(obs["aux"], env.task.aux_targets(env.scene), atol=1e-6)
+
+
+ONE_OFF_TERMS = {"track_seq": {"touch"}}
+"""reward terms paid once per event (touching one ball of the sequence), which cannot be farmed by lingering"""
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_no_step_before_success_pays(task, make_env):
+    """Success ends an episode, so a step that pays (reward > 0) without succeeding is worth lingering in instead of
+    succeeding, and RL learns to avoid success (pick_place paid +0.5 a step for holding the cube lifted, so
+    hovering over the pad beat releasing on it). Over clean and noisy expert episodes, including the carry."""
+    env = make_env(task)
+    one_off = ONE_OFF_TERMS.get(task, set())
+    rng = np.random.default_rng(0)
+    steps = 0
+    for k, seed in enumerate(TRAIN_SEEDS[:6]):
+        env.reset(seed=seed)
+        for _ in range(env.max_episode_steps):
+            action = env.expert_action(noise_std=0.3, rng=rng) if k % 2 else env.expert_action()
+            reward, terminated, truncated, info = env.step_no_render(action)
+            if not info["success"]:
+                lingering = reward - sum(env.task.reward_weights[t] * info["reward_terms"][t] for t in one_off)
+                assert lingering <= 1e-9, f"{task}: a step before success pays {lingering:+.3f} ({info['reward_terms']})"
+                steps += 1
+            if terminated or truncated:
+                break
+    assert steps >= 20
