@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, run_counts
+from acce.bench.fair import NO_PERIODIC_EVAL, finished_summary, mode_order, run_counts
 from acce.bench.headline import delay_headline
 from acce.stats import seed_interval
 
@@ -59,17 +59,14 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                 for order, aware in enumerate((True,) if d == 0 and not separate else mode_order(seed, (True, False))):
                     mode = "aware" if aware else "naive"
                     name = f"{task}_s{seed}_d{d}_{mode}"
-                    summary = root / name / "summary.json"
-                    if summary.is_file():  # a finished cell of an interrupted bench is not run again
-                        s = json.loads(summary.read_text())
-                    else:
-                        cfg = load(config, base + [
-                            f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm[mode]}",
-                            f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
-                            f"train.max_env_steps={budget_steps}", *NO_PERIODIC_EVAL,
-                            f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
-                            "bc.episodes=0"])
-                        s = Trainer(cfg, progress=False).run()
+                    cfg = load(config, base + [
+                        f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm[mode]}",
+                        f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
+                        f"train.max_env_steps={budget_steps}", *NO_PERIODIC_EVAL,
+                        f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
+                        "bc.episodes=0"])
+                    # a finished cell of an interrupted bench is not run again (another config's is an error)
+                    s = finished_summary(root / name, cfg) or Trainer(cfg, progress=False).run()
                     r, fair = s["eval"][f"{task}/test"], run_counts(s, root / name)
                     # from one warm start at d = 0 the two learners are the same computation (tested): one run
                     for m in (("aware", "naive") if d == 0 and not separate else (mode,)):

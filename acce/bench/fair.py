@@ -86,3 +86,39 @@ def fair_counts(summary: dict[str, Any], timeline: dict[str, Any] | None) -> dic
 def run_counts(summary: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """fair_counts of a finished run in `run_dir` (its TensorBoard events, if any)."""
     return fair_counts(summary, read_timeline(run_dir))
+
+
+def finished_summary(run_dir: str | Path, cfg) -> dict[str, Any] | None:
+    """A bench run's summary.json if it finished with exactly `cfg` (then it is reused, not run again); None if it
+    did not finish. A finished run made with another config (a different budget, override or preset) is an error:
+    reusing it would silently mix settings in one table."""
+    import json
+
+    import yaml
+
+    from acce.configlib import to_dict
+    run_dir = Path(run_dir)
+    done = run_dir / "summary.json"
+    if not done.is_file():
+        return None
+    saved_path = run_dir / "config.yaml"
+    saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
+    wanted = yaml.safe_load(yaml.safe_dump(to_dict(cfg)))  # through YAML, as config.yaml was written
+    if saved != wanted:
+        diff = _differences(saved or {}, wanted)
+        raise ValueError(f"{run_dir} finished with another config than this bench asks for "
+                         f"({'; '.join(diff[:4]) or 'no config.yaml'}): pass another --workdir, or delete that run "
+                         "to run it again")
+    return json.loads(done.read_text())
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, as 'key: old -> new'."""
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differences(x, y, f"{prefix}{key}.")
+        elif x != y:
+            out.append(f"{prefix}{key}: {x!r} -> {y!r}")
+    return out

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from acce.bench.fair import NO_PERIODIC_EVAL, mode_order, run_counts
+from acce.bench.fair import NO_PERIODIC_EVAL, finished_summary, mode_order, run_counts
 from acce.bench.headline import rl_headline
 from acce.bench.throughput import CASES as THROUGHPUT_CASES
 from acce.stats import seed_interval, wilson_interval
@@ -152,14 +152,11 @@ def _run_case(config, task_base: list[str], task: str, prefix: str, warm: Path, 
     for seed in seeds:
         for order, mode in enumerate(mode_order(seed, modes)):  # alternate which mode runs first
             name = f"{prefix}_{mode}_s{seed}"
-            done = root / name / "summary.json"  # a finished run of an interrupted bench is not run again
-            if done.is_file():
-                s = json.loads(done.read_text())
-            else:
-                cfg = load(config, task_base + [
-                    f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
-                    "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
-                s = Trainer(cfg, progress=False).run()
+            cfg = load(config, task_base + [
+                f"run.name={name}", f"run.seed={seed}", f"runtime.mode={mode}", f"train.init_from={warm}",
+                "bc.steps=0", "bc.episodes=0", "train.max_wall_s=0", f"train.max_env_steps={budget_steps}"])
+            # a finished run of an interrupted bench is not run again (one made with another config is an error)
+            s = finished_summary(root / name, cfg) or Trainer(cfg, progress=False).run()
             test, fair = s["test"], run_counts(s, root / name)
             runs.setdefault(mode, []).append({
                 "seed": seed, "order": order, "v0": test["v0"][task], "final": test["final"][task],

@@ -55,16 +55,41 @@ def test_rl_bench_runs_and_summarizes(fake_trainer, tmp_path):  # noqa: F811
     assert set(row) >= {"v0", "final", "final_sync", "per_seed", "steps_to_90pct", "wall_to_90pct_s"}
 
 
+def _saving(cfg):
+    """_outcome, and the run's folder as the real Trainer leaves it: config.yaml, then summary.json (an RL run) or
+    the warm start's checkpoint."""
+    from acce.configlib import save_config
+    out, run_dir = _outcome(cfg), cfg.run.run_dir
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    if cfg.train.init_from:
+        (run_dir / "summary.json").write_text(json.dumps(out))
+    else:
+        (run_dir / "checkpoints" / "bc.pt").write_bytes(b"x")
+    return out
+
+
 def test_rl_bench_reuses_finished_runs(fake_trainer, tmp_path):  # noqa: F811
-    fake_trainer.outcome = staticmethod(_outcome)
-    (tmp_path / "reach_bc" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "reach_bc" / "checkpoints" / "bc.pt").write_bytes(b"x")
-    from acce.config import load
-    done = load(None, ["env.tasks=[reach]", "run.seed=0", "runtime.mode=async", "train.init_from=x"])
-    (tmp_path / "reach_async_s0").mkdir()
-    (tmp_path / "reach_async_s0" / "summary.json").write_text(json.dumps(_outcome(done)))
-    rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0,), workdir=str(tmp_path))
-    assert [(c.run.seed, c.runtime.mode) for c in fake_trainer.made] == [(0, "sync")]
+    fake_trainer.outcome = staticmethod(_saving)
+    args = dict(tasks=["reach"], seeds=(0,), budget_steps=4000, workdir=str(tmp_path))
+    first = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], **args)
+    assert [(c.run.seed, c.runtime.mode) for c in fake_trainer.made if c.train.init_from] == [(0, "async"), (0, "sync")]
+    (tmp_path / "reach_sync_s0" / "summary.json").unlink()  # interrupted during its sync run
+    fake_trainer.made.clear()
+    again = rl_bench.run_rl_bench(None, ["eval.every_versions=50"], **args)
+    assert [(c.run.seed, c.runtime.mode) for c in fake_trainer.made] == [(0, "sync")]  # no warm start, no async
+    assert again["tasks"]["reach"]["final"] == first["tasks"]["reach"]["final"]
+
+
+def test_rl_bench_refuses_a_finished_run_with_another_config(fake_trainer, tmp_path):  # noqa: F811
+    """Reusing a run made with another budget (or override) would mix settings in one table without a word."""
+    fake_trainer.outcome = staticmethod(_saving)
+    rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0,), budget_steps=4000,
+                          workdir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"reach_async_s0 finished with another config.*train\.max_env_steps: "
+                                         r"4000 -> 8000.*another --workdir"):
+        rl_bench.run_rl_bench(None, ["eval.every_versions=50"], tasks=["reach"], seeds=(0,), budget_steps=8000,
+                              workdir=str(tmp_path))
 
 
 def test_rl_bench_needs_validation_curves(tmp_path):

@@ -99,16 +99,28 @@ def test_delay_bench_random_delay_warm_start_gives_the_aware_arm_its_own(fake_tr
 
 
 def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
-    fake_trainer.outcome = staticmethod(_delay_outcome)
+    from acce.configlib import save_config
+
+    def saving(cfg):  # the run's folder as the real Trainer leaves it
+        (cfg.run.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        save_config(cfg, cfg.run.run_dir / "config.yaml")
+        if not cfg.train.init_from:
+            (cfg.run.run_dir / "checkpoints" / "bc.pt").write_bytes(b"x")
+            return {}
+        out = {"env_steps": 7, "wall_s": 1.0, "eval": {"reach/test": {"successes": 1, "n": 10, "success_rate": 0.1}}}
+        (cfg.run.run_dir / "summary.json").write_text(json.dumps(out))
+        return out
+    fake_trainer.outcome = staticmethod(saving)
     monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: {"success_rate": 0.0, "ci95": [0, 1], "n": n})
-    (tmp_path / "reach_bc" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "reach_bc" / "checkpoints" / "bc.pt").write_bytes(b"x")
-    (tmp_path / "reach_s0_d0_aware").mkdir()
-    (tmp_path / "reach_s0_d0_aware" / "summary.json").write_text(json.dumps(
-        {"env_steps": 7, "wall_s": 1.0, "eval": {"reach/test": {"successes": 1, "n": 10, "success_rate": 0.1}}}))
+    delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), workdir=str(tmp_path))
+    assert len(fake_trainer.made) == 2  # the warm start and the only cell
+    fake_trainer.made.clear()
     out = delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), workdir=str(tmp_path))
     assert fake_trainer.made == []  # warm start and the only cell were already there
     assert out["cells"]["reach/d0/aware"]["success_mean"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="reach_s0_d0_aware finished with another config"):
+        delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), budget_steps=123,
+                                    workdir=str(tmp_path))
 
 
 def _history(*points):
