@@ -69,8 +69,8 @@ GOAL_ONLY_TASKS = ("reach-v3", "reach-wall-v3")
 goal's x, y, z, z instead. Their goal height varies over 0.05-0.3 m, more than its x or y (0.2 / 0.1 m), and success
 is a 3-d distance, so a policy told only the goal's xy guesses the height (about 25 % success from 20-50 demos)"""
 MW_MAX_REWARD = 10.0
-"""Meta-World's shaped reward per step is in 0..10; acce returns it minus this. Success ends an acce episode, so with the
-raw reward hovering just outside the success radius (~9 a step for the rest of the episode) was worth more to RL than
+"""Meta-World's shaped reward per step is in 0..10; acce returns it minus this. Success ends an acce episode, so with
+the raw reward hovering just outside the success radius (~9 a step for the rest of the episode) was worth more to RL than
 succeeding (docs/decisions.md); shifted, every step before success costs and succeeding is the best outcome."""
 ACTION_REPR = "delta_xyz_gripper"
 """Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its

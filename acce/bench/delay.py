@@ -79,7 +79,8 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
     result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
               "eval_episodes": eval_episodes, "warm_starts": {
                   "aware": f"cloned at random d in 0..{max(delays)} (bc.random_delay_steps)" if separate else "d = 0",
-                  "naive": "d = 0; the env starts each chunk at position d (execution trick)"}, "warm_start": warm_rows, "cells": table, "runs": cells,
+                  "naive": "d = 0; the env starts each chunk at position d (execution trick)"},
+              "warm_start": warm_rows, "cells": table, "runs": cells,
               "counting": "env_steps: consumed by the learner; wall_s: from the first learner update; "
                           "budget_env_steps: produced (the stop)"}
     result["headline"] = delay_headline(result)

@@ -317,7 +317,8 @@ def test_no_step_before_success_pays(task, make_env):
             reward, terminated, truncated, info = env.step_no_render(action)
             if not info["success"]:
                 lingering = reward - sum(env.task.reward_weights[t] * info["reward_terms"][t] for t in one_off)
-                assert lingering <= 1e-9, f"{task}: a step before success pays {lingering:+.3f} ({info['reward_terms']})"
+                assert lingering <= 1e-9, f"{task}: a step before success pays {lingering:+.3f}: " \
+                                          f"{info['reward_terms']}"
                 steps += 1
             if terminated or truncated:
                 break
