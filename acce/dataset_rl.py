@@ -157,11 +157,11 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
                          f"episode/return/imagined/{TASK}": sum(e["return"] for e in recent) / len(recent)},
                         learner.version)
     return {"versions": learner.version - version0, "updates": learner.updates - updates0, "source": "imagined",
-            "imagined_steps": int(counters["env_steps"]), "imagined_episodes": len(imagined),
+            "imagined_steps": counters.env_steps, "imagined_episodes": len(imagined),
             "imagined_training_success": (sum(e["success"] for e in imagined) / len(imagined)) if imagined else None,
             "consumed_imagined_steps": last.get("learner/consumed_imagined_steps"),
             "consumed_sim_steps": last.get("learner/consumed_env_steps"),
-            "wm_version": int(counters["wm_version"]), "wall_s": time.time() - t0}
+            "wm_version": counters.wm_version, "wall_s": time.time() - t0}
 
 
 class _ImaginedEvalEnvs:

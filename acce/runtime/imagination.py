@@ -19,8 +19,10 @@ import os
 import tempfile
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from acce.bykey import ByKey
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import RolloutQueue, StalenessGate
 from acce.runtime.roles import ImaginationStats, RolloutProducer, rollout_kwargs
@@ -164,6 +166,24 @@ class WMTrainerRole:
             return open(path, "rb").read() if saved else None
 
 
+@dataclass(frozen=True)
+class ImaginationWorkerStats(ByKey):
+    """An imagination worker's counters (ImaginationWorker.stats): its RolloutWorker's, its ImaginedEnv's, and the
+    world-model version it steps with. All zero (wm_version -1) before the first publication."""
+    env_steps: int = 0
+    """imagined env steps of this process (RolloutWorker.stats env_steps)"""
+    segments: int = 0
+    """complete imagined segments produced"""
+    decisions: int = 0
+    """inference decisions applied"""
+    wm_version: int = -1
+    """the world-model version the ImaginedEnv steps with (-1: none yet)"""
+    env_stats: dict[str, float] = field(default_factory=dict)
+    """ImaginedEnv.stats: steps, episodes, gate_truncations, horizon_truncations, terminations, swaps"""
+    worker: dict[str, float] = field(default_factory=dict)
+    """all of the RolloutWorker's counters (RolloutWorker.stats: env_time_s, infer_time_s, ...)"""
+
+
 class ImaginationWorker:
     """A RolloutWorker whose env is an ImaginedEnv built from the first publication; later ones hot-swap.
 
@@ -226,26 +246,29 @@ class ImaginationWorker:
     def drain_episodes(self) -> list[dict[str, Any]]:
         return [] if self.worker is None else self.worker.drain_episodes()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ImaginationWorkerStats:
         if self.worker is None:
-            return {"env_steps": 0, "env_stats": {}, "wm_version": -1}
-        return {**self.worker.stats, "env_stats": dict(self.worker.env.stats), "wm_version": self.wm_version}
+            return ImaginationWorkerStats()
+        c = dict(self.worker.stats)
+        return ImaginationWorkerStats(env_steps=int(c["env_steps"]), segments=int(c["segments"]),
+                                      decisions=int(c["decisions"]), wm_version=self.wm_version,
+                                      env_stats=dict(self.worker.env.stats), worker=c)
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
 
 
-def imagination_metrics(worker_stats: list[dict[str, Any]], trainer_version: int) -> dict[str, float]:
+def imagination_metrics(worker_stats: list[ImaginationWorkerStats], trainer_version: int) -> dict[str, float]:
     """wm/imagined/* over all imagination workers (ImaginedEnv's counters summed; fractions of finished branches)
     and wm/publish_lag (trainer version minus the oldest version an imagination worker steps with)."""
-    envs = [s["env_stats"] for s in worker_stats if s.get("env_stats")]
+    envs = [s.env_stats for s in worker_stats if s.env_stats]
     if not envs:
         return {}
     tot = {k: sum(e.get(k, 0) for e in envs) for k in ("steps", "episodes", "gate_truncations",
                                                        "horizon_truncations", "terminations", "swaps")}
     ends = max(tot["episodes"], 1)
-    oldest = min(s["wm_version"] for s in worker_stats if s.get("env_stats"))
+    oldest = min(s.wm_version for s in worker_stats if s.env_stats)
     return {"wm/imagined/steps": float(tot["steps"]), "wm/imagined/branches": float(tot["episodes"]),
             "wm/imagined/mean_length": tot["steps"] / ends, "wm/imagined/gate_frac": tot["gate_truncations"] / ends,
             "wm/imagined/horizon_frac": tot["horizon_truncations"] / ends,
@@ -313,7 +336,7 @@ class LocalImagination:
 
     def stats(self) -> ImaginationStats:
         ws = [w.stats() for w in self.workers]
-        return ImaginationStats(imagined_steps=sum(s["env_steps"] for s in ws), imagined_queue_size=len(self.queue),
+        return ImaginationStats(imagined_steps=sum(s.env_steps for s in ws), imagined_queue_size=len(self.queue),
                                 wm={**self.role.metrics(), **imagination_metrics(ws, self.role.version)})
 
     def save_world_model(self, path) -> bool:

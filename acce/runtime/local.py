@@ -95,10 +95,11 @@ class LocalRuntime:
         return self.consumer.policy_state()
 
     def stats(self) -> RuntimeStats:
+        server = self.server.stats
         return RuntimeStats(env_steps=sum(w.stats["env_steps"] for w in self.workers),
                             learner_version=self.learner.version, server_version=self.server.version,
                             queue_size=len(self.queue), queue_capacity=self.cfg.runtime.queue_capacity,
-                            swap_ms=self.server.stats["swap_ms_last"], server=dict(self.server.stats),
+                            swap_ms=server.swap_ms_last, server=server,
                             workers=tuple(p.stats() for p in self.producers),
                             imagination=self.imagination.stats() if self.imagination is not None else None)
 

@@ -14,7 +14,25 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from acce.bykey import ByKey
+
+
+@dataclass(frozen=True)
+class QueueStats(ByKey):
+    """A RolloutQueue's fill and waits so far."""
+    size: int
+    """items waiting now"""
+    capacity: int
+    """the most items it holds (runtime.queue_capacity)"""
+    put_wait_s: float = 0.0
+    """seconds producers spent in `put` (blocked while full, and the put itself)"""
+    get_wait_s: float = 0.0
+    """seconds consumers spent in `get_batch` waiting for a full batch"""
+    full_waits: int = 0
+    """puts that found the queue full (`put` waited, `try_put` refused)"""
 
 
 class RolloutQueue:
@@ -68,9 +86,9 @@ class RolloutQueue:
             self._cv.notify_all()
             return batch
 
-    def stats(self) -> dict[str, float]:
-        return {"size": len(self._items), "capacity": self.capacity, "put_wait_s": self.put_wait_s,
-                "get_wait_s": self.get_wait_s, "full_waits": self.full_waits}
+    def stats(self) -> QueueStats:
+        return QueueStats(size=len(self._items), capacity=self.capacity, put_wait_s=self.put_wait_s,
+                          get_wait_s=self.get_wait_s, full_waits=self.full_waits)
 
 
 def put_until_stopped(queue, item: Any, stopped: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:

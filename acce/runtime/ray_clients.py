@@ -9,7 +9,7 @@ from typing import Any
 import ray
 from ray.util.queue import Queue
 
-from acce.serving.inference import InferenceServer
+from acce.serving.inference import InferenceServer, ServerStats
 
 
 def set_torch_threads(n: int) -> None:
@@ -41,8 +41,8 @@ class ServerActor:
     def version(self) -> int:
         return self.server.version
 
-    def stats(self) -> dict:
-        return dict(self.server.stats)
+    def stats(self) -> ServerStats:
+        return self.server.stats  # a frozen snapshot: pickles to the driver
 
 
 def named(name: str, queue_maxsize: int | None = None):

@@ -24,6 +24,7 @@ from acce.runtime.ray_roles import (BuildLearner, BuildSimProducer, LearnerActor
 from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, Tally, gate_spec, idle_frac,
                                 rebase)
 from acce.runtime.weights import WeightStore
+from acce.serving.inference import ServerStats
 
 PRODUCER_BACKOFF_S = 0.005
 """a rollout producer whose every env waits for fresher weights sleeps this long before asking again"""
@@ -64,7 +65,7 @@ class RayRuntime:
             for w in range(cfg.rollout.num_workers)]
         self.version = self.server_version = learner.version
         self._learner_stats = LearnerStats(version=learner.version)
-        self._server_stats: dict[str, float] = {}
+        self._server_stats = ServerStats()
         self._worker_stats: dict[int, ProducerStats] = {}
         self._tallies: dict[int, Tally] = {}
         """env steps per worker across restarts (roles.rebase)"""
@@ -125,7 +126,7 @@ class RayRuntime:
         return RuntimeStats(env_steps=sum(t.total for t in self._tallies.values()), learner_version=self.version,
                             server_version=self.server_version, queue_size=self.queue.size(),
                             queue_capacity=self.cfg.runtime.queue_capacity,
-                            swap_ms=self._server_stats.get("swap_ms_last", 0.0), server=dict(self._server_stats),
+                            swap_ms=self._server_stats.swap_ms_last, server=self._server_stats,
                             workers=tuple(ws), restarts=self.restarts,
                             actor_idle_frac=idle_frac(sum(s.busy_s for s in ws), sum(s.alive_s for s in ws)),
                             learner_idle_frac=idle_frac(ls.busy_s, ls.alive_s),

@@ -15,10 +15,15 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
+from acce.bykey import ByKey
 from acce.runtime.queue import StalenessGate, SyncGate
+from acce.serving.inference import ServerStats
 from acce.types import Segment
+
+if TYPE_CHECKING:
+    from acce.runtime.imagination import ImaginationWorkerStats  # (imagination imports this module)
 
 
 @runtime_checkable
@@ -37,23 +42,6 @@ class Role(Protocol):
     def state(self) -> dict[str, Any]:
         """What a checkpoint needs to continue this role ({} when nothing)."""
         ...
-
-
-class ByKey:
-    """Read access by field name (`stats["env_steps"]`, `stats.get("restarts", 0)`, `"wm" in stats`): callers
-    written against the dicts these objects replaced keep working; new code reads attributes."""
-
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-    def __contains__(self, key: str) -> bool:
-        return hasattr(self, key)
 
 
 @dataclass(frozen=True)
@@ -75,8 +63,8 @@ class ProducerStats(ByKey):
     """seconds since the first tick"""
     pid: int = 0
     """process id (a changed pid means the placement restarted the role)"""
-    counters: dict[str, Any] = field(default_factory=dict)
-    """the worker's own counters (RolloutWorker.stats; imagination: with env_stats and wm_version)"""
+    counters: dict[str, Any] | ImaginationWorkerStats = field(default_factory=dict)
+    """the worker's own counters: a copy of RolloutWorker.stats, or an imagination worker's ImaginationWorkerStats"""
 
 
 @dataclass(frozen=True)
@@ -129,8 +117,8 @@ class RuntimeStats(ByKey):
     """runtime.queue_capacity"""
     swap_ms: float = 0.0
     """the server's last weight swap, milliseconds"""
-    server: dict[str, float] = field(default_factory=dict)
-    """InferenceServer.stats (batches, rows, forward_s, swaps, ...)"""
+    server: ServerStats = field(default_factory=ServerStats)
+    """InferenceServer.stats (batches, rows, forward_s, swaps, ...); all zero before the first poll"""
     workers: tuple[ProducerStats, ...] = ()
     """per simulator rollout worker"""
     restarts: int = 0
@@ -252,8 +240,8 @@ class RolloutProducer:
         return bool(segments) or not self.worker.idle
 
     def stats(self, pid: int = 0) -> ProducerStats:
-        c = self.worker.stats  # RolloutWorker keeps a counter dict; ImaginationWorker computes one (with env_stats)
-        c = dict(c() if callable(c) else c)
+        c = self.worker.stats  # RolloutWorker keeps a counter dict; ImaginationWorker builds ImaginationWorkerStats
+        c = c() if callable(c) else dict(c)
         return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.get("env_steps", 0)),
                              segments=int(c.get("segments", 0)), decisions=int(c.get("decisions", 0)),
                              busy_s=self.busy_s, idle_s=self.idle_s,

@@ -11,10 +11,12 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
+from acce.bykey import ByKey
 from acce.policy.frozen import frozen_stamp, is_frozen, shipped
 from acce.types import INSTRUCTION_KEY
 
@@ -31,6 +33,23 @@ def _concat(batches: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _rows(batch: Mapping[str, Any]) -> int:
     return len(batch[INSTRUCTION_KEY])
+
+
+@dataclass(frozen=True)
+class ServerStats(ByKey):
+    """An InferenceServer's counters since it started (a snapshot: `InferenceServer.stats`)."""
+    batches: int = 0
+    """forward passes run (one per merged batch)"""
+    rows: int = 0
+    """requests' rows over all forward passes (rows / batches: the mean batch size)"""
+    forward_s: float = 0.0
+    """seconds in forward passes, wall-clock"""
+    swaps: int = 0
+    """weight swaps applied (staged versions that reached a batch boundary)"""
+    swap_ms_total: float = 0.0
+    """milliseconds in weight swaps, summed"""
+    swap_ms_last: float = 0.0
+    """milliseconds of the last weight swap"""
 
 
 class InferenceServer:
@@ -61,8 +80,14 @@ class InferenceServer:
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.stats = {"batches": 0, "rows": 0, "forward_s": 0.0, "swaps": 0, "swap_ms_total": 0.0,
-                      "swap_ms_last": 0.0}
+        self._counts: dict[str, float] = {"batches": 0, "rows": 0, "forward_s": 0.0, "swaps": 0,
+                                          "swap_ms_total": 0.0, "swap_ms_last": 0.0}
+        """ServerStats' fields, counted in place by the batching thread"""
+
+    @property
+    def stats(self) -> ServerStats:
+        """The counters so far, as a snapshot."""
+        return ServerStats(**self._counts)
 
     # --- weights ------------------------------------------------------------------------------------------------
     @property
@@ -98,9 +123,9 @@ class InferenceServer:
         self.policy.load_trainable(state, allow_subset=True)
         self._version, self._staged = version, None
         ms = (time.perf_counter() - t0) * 1000.0
-        self.stats["swaps"] += 1
-        self.stats["swap_ms_total"] += ms
-        self.stats["swap_ms_last"] = ms
+        self._counts["swaps"] += 1
+        self._counts["swap_ms_total"] += ms
+        self._counts["swap_ms_last"] = ms
 
     # --- inference ----------------------------------------------------------------------------------------------
     def infer(self, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,9 +143,9 @@ class InferenceServer:
                     if self._stamp is None:
                         self._stamp = frozen_stamp(self.policy)
                     extra = {**shipped(out["features"]), "frozen_stamp": self._stamp}
-            self.stats["forward_s"] += time.perf_counter() - t0
-            self.stats["batches"] += 1
-            self.stats["rows"] += _rows(batch)
+            self._counts["forward_s"] += time.perf_counter() - t0
+            self._counts["batches"] += 1
+            self._counts["rows"] += _rows(batch)
             # results leave as CPU numpy whatever the device: workers, segments and robots hold numpy
             return {"chunk": out["chunk"].cpu().numpy(), "mean": out["mean"].cpu().numpy(),
                     "value": out["value"].cpu().numpy(), "logp_pos": out["logp_steps"].cpu().numpy(),

@@ -47,7 +47,8 @@ def test_video_is_written_as_gif_summary(tmp_path):
 
 
 def test_inference_metrics_from_server_counters():
+    from acce.serving.inference import ServerStats
     from acce.train import inference_metrics
-    m = inference_metrics({"batches": 4, "rows": 10, "forward_s": 0.02, "swaps": 1})
+    m = inference_metrics(ServerStats(batches=4, rows=10, forward_s=0.02, swaps=1))
     assert m == pytest.approx({"inference/rows_per_batch": 2.5, "inference/forward_ms_per_row": 2.0})
-    assert inference_metrics({"batches": 0, "rows": 0, "forward_s": 0.0}) == {} == inference_metrics({})
+    assert inference_metrics(ServerStats()) == {}

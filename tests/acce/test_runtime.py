@@ -1,4 +1,6 @@
 """Roles and the local runtime: versions, pacing, sync == async at zero staleness, atomic weight swaps."""
+import dataclasses
+import pickle
 import threading
 import time
 
@@ -150,14 +152,39 @@ def test_server_version_is_the_next_requests_and_never_waits_for_a_batch():
     server = InferenceServer(tiny_policy(cfg), max_batch=8, timeout_ms=1.0)
     state = {k: v.numpy().copy() for k, v in server.policy.trainable_state_dict().items()}
     server.load_weights(3, state)
-    assert server.version == 3 and server.stats["swaps"] == 0  # staged: the next batch runs on it
+    assert server.version == 3 and server.stats.swaps == 0  # staged: the next batch runs on it
     with server._lock:  # a batch is running
         t0 = time.perf_counter()
         assert server.version == 3
         assert time.perf_counter() - t0 < 0.5
     batch = {"image/front": np.zeros((1, 32, 32, 3), np.uint8), "state": np.zeros((1, 7), np.float32),
              "instruction": ["a"], "prefix": np.zeros((1, 4, 4), np.float32), "delay_steps": np.zeros(1, np.int64)}
-    assert server.infer(batch)["version"] == 3 and server.stats["swaps"] == 1
+    assert server.infer(batch)["version"] == 3 and server.stats.swaps == 1
+    server.infer({k: (v * 2 if k == "instruction" else np.concatenate([v, v])) for k, v in batch.items()})
+    st = server.stats  # a frozen snapshot: 2 batches of 1 + 2 rows, one swap (staged version 3)
+    assert (st.batches, st.rows, st.swaps) == (2, 3, 1) and st.forward_s > 0 and st.swap_ms_last == st.swap_ms_total
+    assert st["rows"] == 3 and st.get("swaps") == 1 and "forward_s" in st and st.get("nope", 0) == 0
+    assert pickle.loads(pickle.dumps(st)) == st and dataclasses.asdict(st)["batches"] == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.rows = 0
+
+
+def test_queue_stats_are_typed_and_keep_key_access():
+    q = RolloutQueue(4)
+    q.put(1)
+    q.put(2)
+    st = q.stats()
+    assert (st.size, st.capacity, st.full_waits, st.get_wait_s) == (2, 4, 0, 0.0) and st.put_wait_s >= 0.0
+    assert st["size"] == 2 and st.get("capacity") == 4 and "full_waits" in st and "puts" not in st
+    with pytest.raises(KeyError):
+        st["puts"]
+    assert q.try_put(3) and q.try_put(4) and not q.try_put(5)  # the third one finds it full: refused, counted
+    q.get_batch(3)
+    st = q.stats()
+    assert (st.size, st.capacity, st.full_waits) == (1, 4, 1) and st.get_wait_s >= 0.0
+    assert dataclasses.asdict(st) == {"size": 1, "capacity": 4, "put_wait_s": st.put_wait_s,
+                                      "get_wait_s": st.get_wait_s, "full_waits": 1}
+    assert pickle.loads(pickle.dumps(st)) == st
 
 
 def test_queue_blocks_when_full_and_times_out():

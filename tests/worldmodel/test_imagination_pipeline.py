@@ -8,7 +8,8 @@ from test_imagined_env import _calm, _versioned_state
 from wm_helpers import CountingPolicy, TINY, fake_episode, tiny_cfg, tiny_model
 
 from acce.config import load
-from acce.runtime.imagination import ImaginationWorker, WMTrainerRole
+from acce.runtime.imagination import ImaginationWorker, ImaginationWorkerStats, WMTrainerRole, imagination_metrics
+from acce.runtime.roles import RolloutProducer
 from acce.store.recorder import RecordingEnv
 from worldmodel.imagined_env import ImaginedEnv
 from worldmodel.trainer import WorldModelTrainer
@@ -128,6 +129,7 @@ def test_imagination_worker_idles_until_a_world_model_is_published():
     policy = CountingPolicy(CHUNK)
     worker = ImaginationWorker(_env_factory(), policy, worker_id=1000, **_rollout())
     assert worker.collect(min_segments=1, max_steps=50) == [] and worker.idle and policy.rows == 0
+    assert worker.stats() == ImaginationWorkerStats(env_steps=0, wm_version=-1, env_stats={})
     model = tiny_model()
     model.version = 7
     worker.offer(_publication(model, 7, [fake_episode(6, k) for k in range(2)]))
@@ -135,8 +137,28 @@ def test_imagination_worker_idles_until_a_world_model_is_published():
     assert len(segments) >= 2 and policy.rows > 0 and not worker.idle
     assert all(s.source == "imagined" and (s.wm_version == 7).all() and s.worker_id == 1000 for s in segments)
     worker.offer(_publication(model, 5, []))  # an older version is never applied
-    worker.collect(min_segments=1, max_steps=50)
-    assert worker.wm_version == 7 and worker.stats()["env_stats"]["swaps"] == 0
+    segments += worker.collect(min_segments=1, max_steps=50)
+    st = worker.stats()
+    assert worker.wm_version == 7 and st.wm_version == 7 and st.env_stats["swaps"] == 0
+    assert st.segments == len(segments) and st.env_steps == worker.worker.stats["env_steps"] > 0
+    assert st.env_steps == st.env_stats["steps"] and st.worker["decisions"] == st.decisions == policy.rows
+    assert st["wm_version"] == 7 and st.get("env_stats")["swaps"] == 0 and "worker" in st  # old key access
+    producer = RolloutProducer(worker, lambda seg: None).stats()  # the drained ProducerStats carries it whole
+    assert producer.counters == st and producer.env_steps == st.env_steps and producer.segments == st.segments
+
+
+def test_imagination_metrics_sum_worker_stats():
+    a = ImaginationWorkerStats(env_steps=12, wm_version=3, env_stats={"steps": 12, "episodes": 4, "gate_truncations": 1,
+                                                                     "horizon_truncations": 2, "terminations": 1,
+                                                                     "swaps": 2})
+    b = ImaginationWorkerStats(env_steps=8, wm_version=5, env_stats={"steps": 8, "episodes": 0, "swaps": 1})
+    idle = ImaginationWorkerStats()  # no world model yet: not counted, its wm_version -1 is no oldest
+    m = imagination_metrics([a, b, idle], trainer_version=6)
+    assert m == pytest.approx({"wm/imagined/steps": 20.0, "wm/imagined/branches": 4.0, "wm/imagined/mean_length": 5.0,
+                               "wm/imagined/gate_frac": 0.25, "wm/imagined/horizon_frac": 0.5,
+                               "wm/imagined/terminated_frac": 0.25, "wm/imagined/swaps": 3.0,
+                               "wm/imagined/wm_version": 3.0, "wm/publish_lag": 3.0})
+    assert imagination_metrics([idle], trainer_version=6) == {}
 
 
 def test_publications_add_only_new_start_states():
@@ -230,11 +252,11 @@ def test_local_runtime_mixes_imagined_segments_into_learner_batches():
     mixed = [u for u in updates if u["queue/imagined_frac"] > 0]
     assert all("staleness/mean/imagined" in u and "wm/consumed_version_mean" in u for u in mixed)
     assert {ep["source"] for ep in episodes} == {"sim", "imagined"}
-    wm = stats["wm"]
+    wm = stats.wm
     assert wm["wm/version"] >= 10 and wm["wm/published_version"] >= 10 and wm["wm/real_episodes"] >= 2
-    assert 0 <= wm["wm/imagined/gate_frac"] <= 1 and wm["wm/imagined/steps"] == stats["imagined_steps"] > 0
+    assert 0 <= wm["wm/imagined/gate_frac"] <= 1 and wm["wm/imagined/steps"] == stats.imagined_steps > 0
     # env_steps stays the simulator's: imagined steps are counted apart
-    assert stats["env_steps"] == sum(w.stats["env_steps"] for w in rt.workers)
+    assert stats.env_steps == sum(w.stats["env_steps"] for w in rt.workers)
 
 
 def test_local_runtime_with_imagination_is_deterministic():
