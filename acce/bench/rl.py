@@ -9,8 +9,8 @@ curves, the env steps the learner consumed and the wall-clock from its first upd
 needs to reach 90 % of the async arm's final test success (a run that never gets there counts as its budget:
 censored, flagged), and the headline ratio (acce/bench/headline.py). `--long-tail` runs every seed and mode again
 with bench throughput's long-tail step latency (`long_tail_tasks`, `runs_long_tail`; the same warm start), for the
-headline's long-tail ratio. Finished runs in `--workdir` are reused, so an interrupted bench continues; only if made with
-the same config (another budget or override is an error).
+headline's long-tail ratio. Finished runs in `--workdir` are reused, so an interrupted bench continues; only if made
+with the same config (another budget or override is an error).
 
 `task_overrides` (`--task-overrides push:bc.episodes=400,bc.steps=1200`) size one task's warm start apart from the
 others: the preset's 100 demonstrations leave push and pick_place at 0 % (their perception needs more), and a warm
