@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -80,8 +80,7 @@ class InferenceServer:
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._counts: dict[str, float] = {"batches": 0, "rows": 0, "forward_s": 0.0, "swaps": 0,
-                                          "swap_ms_total": 0.0, "swap_ms_last": 0.0}
+        self._counts: dict[str, float] = asdict(ServerStats())
         """ServerStats' fields, counted in place by the batching thread"""
 
     @property
