@@ -45,7 +45,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: str | None = None, progress: bool = True):
         from acce.device import driver_device
-        from acce.wiring import fit_aux
+        from acce.wiring import fit_aux, make_eval_role
         cfg = fit_aux(cfg)  # aux off for tasks without labels (one printed line); saved so resume and eval see it
         self.cfg, self.progress = cfg, progress
         self.device = driver_device(cfg.runtime)
@@ -67,6 +67,8 @@ class Trainer:
         self.selected: dict[str, Any] | None = None  # select_on_val: the best validation {version, val_success, policy}
         self.job_t0 = time.time()
         self.resume_data = load_checkpoint(self.run_dir) if resume else None
+        self.evaluator = make_eval_role(cfg, self.place)
+        """EvaluatorRole: evaluate() submits, ticks and drains it"""
         save_config(cfg, self.run_dir / "config.yaml")
 
     # --- setup --------------------------------------------------------------------------------------------------
@@ -130,15 +132,11 @@ class Trainer:
                  ) -> dict[str, Any]:
         """One evaluation of `policy_state`: 'val' seeds (periodic; choices) or 'test' seeds (version 0 and final;
         reports). Its scalars go to TensorBoard and to a history row tagged with the split."""
-        from acce.policy.vla import VLAPolicy
-        from acce.serving.inference import InferenceServer
-        from acce.wiring import make_evaluator
         cfg = self.cfg
-        server = InferenceServer(self.place(VLAPolicy.from_state(policy_state)), deterministic=True)
-        server._version = version
-        episodes = cfg.eval.test_episodes_per_task if split == "test" else cfg.eval.episodes_per_task
-        ev = make_evaluator(cfg, server, cfg.env.tasks, episodes)
-        results = ev.run(split, instructions=cfg.eval.instructions, video=video and cfg.eval.video)
+        self.evaluator.submit(policy_state, version, split, video=video and cfg.eval.video)
+        self.evaluator.tick()  # in the driver for now: an evaluation pauses the run loop, as it always did
+        (done,) = self.evaluator.drain()
+        results = done.results
         self.metrics.scalars(eval_scalars(results), version)
         for task, frames in results.pop("videos").items():
             self.metrics.video(f"eval/video/{split}/{task}", frames, version)

@@ -188,6 +188,22 @@ def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs:
                      delay_aware=cfg.learner.delay_correction)
 
 
+def make_eval_role(cfg, place):
+    """The run's periodic evaluation as a role (acce/runtime/eval_role.py): each request gets a deterministic
+    server on its policy snapshot (on `place`'s device) stamped with its version, and make_evaluator with the split's
+    episode count (eval.test_episodes_per_task on test seeds, eval.episodes_per_task on validation seeds)."""
+    from acce.policy.vla import VLAPolicy
+    from acce.runtime.eval_role import EvaluatorRole
+    from acce.serving.inference import InferenceServer
+
+    def build(policy_state: dict[str, Any], version: int, split: str):
+        server = InferenceServer(place(VLAPolicy.from_state(policy_state)), deterministic=True)
+        server._version = version
+        episodes = cfg.eval.test_episodes_per_task if split == "test" else cfg.eval.episodes_per_task
+        return make_evaluator(cfg, server, cfg.env.tasks, episodes)
+    return EvaluatorRole(build, instructions=tuple(cfg.eval.instructions))
+
+
 # --- world model (the imagination pipeline) ------------------------------------------------------------------------
 def check_world_model(model, cfg, *, state_dim: int | None = None, action_dim: int | None = None) -> None:
     """A world model (e.g. `imagination.wm_init_from`) must read and write the policy's observations."""

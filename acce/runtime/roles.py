@@ -4,6 +4,7 @@ creates roles, connects them by named queues and a gate, ticks them, drains them
   RolloutProducer (sim or imagined RolloutWorker) --put--> queue ; LearnerConsumer <--take-- queue(s)
   LearnerConsumer --publish--> inference servers ; --consumed--> gate (StalenessGate: async, SyncGate: sync)
   WMTrainerRole (acce/runtime/imagination.py) --publication--> imagination producers
+  EvaluatorRole (acce/runtime/eval_role.py): policy snapshots submitted by the driver --> EvalResult per tick
 
 Sync and async differ only in the gate (`make_gate`); the loops are the same. What roles hand back is typed
 (`ProducerStats`, `LearnerStats`, `RuntimeStats`, `Drained`); the metric dicts that go to TensorBoard stay dicts

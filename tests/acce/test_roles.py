@@ -174,9 +174,10 @@ def test_world_model_trainer_role_ticks_take_train_publish():
 def test_every_role_meets_the_protocol():
     from types import SimpleNamespace
 
+    from acce.runtime.eval_role import EvaluatorRole
     from acce.runtime.imagination import WMTrainerRole
     from acce.runtime.roles import Role
     icfg = SimpleNamespace(start_episodes_per_publish=1)
     roles = [RolloutProducer(FakeWorker(), [].append), LearnerConsumer(FakeLearner(), lambda: None, print, None),
-             WMTrainerRole(lambda first: None, icfg)]
+             WMTrainerRole(lambda first: None, icfg), EvaluatorRole(lambda state, version, split: None)]
     assert all(isinstance(r, Role) for r in roles)
