@@ -42,7 +42,8 @@ class EnvConfig:
     image_size: int = 64
     """square camera resolution in pixels"""
     cameras: tuple[str, ...] = ("front",)
-    """camera names; observation keys are image/<camera>"""
+    """camera names; observation keys are image/<camera>. The tabletop sim has `front` (the default view), `top`,
+    `overhead` and `wrist` (eye-in-hand: rides with the gripper, the fingers in its top corners)"""
     task_params: dict[str, dict[str, Union[float, str]]] = field(default_factory=dict)
     """per-task overrides of the task's config, e.g. {track: {ball_speed_mps: 0.2}, push: {approach: around}}"""
     privileged_state: bool = False

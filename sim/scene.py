@@ -110,6 +110,9 @@ def build_xml(spec: SceneSpec, image_size: int) -> str:
               condim="4"/>
       </body>
       <site name="tip" pos="0 0 -{TIP_OFFSET_M}" size="0.005" rgba="1 1 1 0"/>
+      <!-- eye-in-hand: beside the palm across the fingers' travel, tilted 30 degrees toward them, so the gap between
+           the fingers and the object under them are in view -->
+      <camera name="wrist" pos="-0.06 0 0" xyaxes="0 -1 0 0.866 0 0.5" fovy="70"/>
     </body>
     {objects}
   </worldbody>

@@ -323,3 +323,23 @@ def test_no_step_before_success_pays(task, make_env):
             if terminated or truncated:
                 break
     assert steps >= 20
+
+
+def test_wrist_camera_rides_with_the_gripper(make_env):
+    """env.cameras=[front, wrist]: the eye-in-hand view moves with the gripper, so the fingers stay put in its top
+    corners while the table under them slides by; closing the gripper moves the fingers in that view."""
+    env = make_env("pick_place", cameras=("front", "wrist"))
+    obs, _ = env.reset(seed=1)
+    assert obs["image/wrist"].shape == obs["image/front"].shape == (64, 64, 3)
+    before = obs["image/wrist"].astype(int)
+    for _ in range(5):
+        obs, *_ = env.step(np.array([1.0, 0.5, 0.0, -1.0], np.float32))
+    moved = obs["image/wrist"].astype(int)
+    for _ in range(5):
+        obs, *_ = env.step(np.array([0.0, 0.0, 0.0, 1.0], np.float32))
+    closed = obs["image/wrist"].astype(int)
+    change = np.abs(moved - before).mean(-1)
+    assert change[24:40, 24:40].mean() > 10  # the table and objects under the gripper moved
+    assert change[:12, :6].mean() < 8 and change[:12, -6:].mean() < 8  # the fingers did not
+    change = np.abs(closed - moved).mean(-1)
+    assert change[:12, :6].mean() > 25 and change[:12, -6:].mean() > 25  # closing moves them
