@@ -337,6 +337,10 @@ class Config:
         if rl_log_std is not None and not self.policy.min_log_std <= rl_log_std <= self.policy.max_log_std:
             raise ConfigError(f"learner.rl_log_std={rl_log_std} is outside the policy's clamp [policy.min_log_std, "
                               f"policy.max_log_std] = [{self.policy.min_log_std}, {self.policy.max_log_std}]")
+        bad = [v for v in self.learner.rl_log_std_per_dim if not self.policy.min_log_std <= v <= self.policy.max_log_std]
+        if bad:
+            raise ConfigError(f"learner.rl_log_std_per_dim has {bad} outside the policy's clamp [policy.min_log_std, "
+                              f"policy.max_log_std] = [{self.policy.min_log_std}, {self.policy.max_log_std}]")
         if self.learner.train_scope == "residual" and not self.policy.residual_hidden:
             raise ConfigError("learner.train_scope=residual trains the RL residual head: set policy.residual_hidden > 0 "
                               "(e.g. 256)")

@@ -98,7 +98,7 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
     from acce.wiring import imagined_env_factory
 
     lc, t = cfg.learner, cfg.train
-    learner.set_log_std(lc.rl_log_std)
+    learner.set_log_std(lc.rl_log_std, lc.rl_log_std_per_dim)
     learner.reset_optimizer()  # RL starts with fresh moments at learner.lr, not cloning's (as after a warm start)
     version0, updates0 = learner.version, learner.updates
     server = _server(learner.policy.policy_state(), learner.policy, max_batch=cfg.runtime.max_batch,

@@ -85,6 +85,10 @@ class LearnerConfig:
     rl_log_std: float | None = None
     """log_std of every chunk position when RL starts (a fresh run, from the warm start or from scratch; a resumed
     run keeps its own): exploration noise sized for RL, not the cloning default (None = keep the policy's)"""
+    rl_log_std_per_dim: tuple[float, ...] = ()
+    """log_std per action dimension when RL starts, overriding rl_log_std (every chunk position alike); () = off.
+    Noise sized per dimension: a gripper command that must swing from +1 to -1 to reopen needs far more than a
+    fingertip motion's"""
     value_warmup_updates: int = 0
     """first updates train only the critic (policy-gradient weight 0): a warm-started actor is not pushed around by
     advantages from an untrained critic"""

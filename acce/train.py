@@ -93,7 +93,8 @@ class Trainer:
             self.selected = d.get("selected")
             return learner  # a resumed run keeps its own exploration noise
         learner = self._fresh_learner()
-        learner.set_log_std(cfg.learner.rl_log_std)  # after bc.pt is saved: the warm start keeps its own
+        # after bc.pt is saved: the warm start keeps its own
+        learner.set_log_std(cfg.learner.rl_log_std, cfg.learner.rl_log_std_per_dim)
         return learner
 
     def _fresh_learner(self):

@@ -127,9 +127,16 @@ class Learner:
             self.optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5)
 
     @torch.no_grad()
-    def set_log_std(self, value: float | None) -> None:
-        """learner.rl_log_std: the exploration noise RL starts with (None: unchanged)."""
-        if value is not None:
+    def set_log_std(self, value: float | None, per_dim: tuple[float, ...] = ()) -> None:
+        """learner.rl_log_std (one value) or rl_log_std_per_dim (one per action dimension, which wins): the
+        exploration noise RL starts with (None and (): unchanged)."""
+        if per_dim:
+            if len(per_dim) != self.policy.log_std.shape[-1]:
+                raise ValueError(f"learner.rl_log_std_per_dim has {len(per_dim)} values; the policy acts in "
+                                 f"{self.policy.log_std.shape[-1]} dimensions")
+            self.policy.log_std.copy_(torch.tensor(per_dim, dtype=self.policy.log_std.dtype).expand_as(
+                self.policy.log_std))
+        elif value is not None:
             self.policy.log_std.fill_(float(value))
 
     # --- weights ------------------------------------------------------------------------------------------------

@@ -269,6 +269,23 @@ def test_rl_log_std_sets_the_exploration_noise_rl_starts_with(tmp_path):
         load("configs/debug.yaml", ["learner.rl_log_std=3.0"])
 
 
+def test_rl_log_std_per_dim_sizes_each_action_dimensions_noise(tmp_path):
+    """learner.rl_log_std_per_dim: one log_std per action dimension at every chunk position, winning over
+    rl_log_std; the wrong count or a value outside the clamp is one clear error."""
+    from acce.configlib import ConfigError
+    from acce.train import Trainer
+    per_dim = "learner.rl_log_std_per_dim=[-2.3,-2.3,-2.0,-0.7]"
+    cfg = load("configs/debug.yaml", ["bc.steps=0", "bc.episodes=0", f"run.out_dir={tmp_path}",
+                                      "learner.rl_log_std=-2.5", per_dim])
+    learner = Trainer(cfg, progress=False).build_learner()
+    expected = torch.tensor([-2.3, -2.3, -2.0, -0.7]).expand(cfg.policy.chunk_len, 4)
+    assert torch.allclose(learner.policy.log_std, expected)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        learner.set_log_std(None, (-1.0, -1.0))
+    with pytest.raises(ConfigError, match="rl_log_std_per_dim"):
+        load("configs/debug.yaml", ["learner.rl_log_std_per_dim=[-2.3,-2.3,-2.3,3.0]"])
+
+
 @pytest.mark.parametrize("kl_stop, steps", [(0.0, 12), (1e-12, 1), (1e9, 12)])
 def test_kl_stop_ends_the_update_once_the_policy_has_moved(kl_stop, steps):
     """4 epochs x 3 minibatches = 12 optimizer steps. The first minibatch's KL is exactly 0 (the policy is the
