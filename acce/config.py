@@ -337,7 +337,8 @@ class Config:
         if rl_log_std is not None and not self.policy.min_log_std <= rl_log_std <= self.policy.max_log_std:
             raise ConfigError(f"learner.rl_log_std={rl_log_std} is outside the policy's clamp [policy.min_log_std, "
                               f"policy.max_log_std] = [{self.policy.min_log_std}, {self.policy.max_log_std}]")
-        bad = [v for v in self.learner.rl_log_std_per_dim if not self.policy.min_log_std <= v <= self.policy.max_log_std]
+        lo, hi = self.policy.min_log_std, self.policy.max_log_std
+        bad = [v for v in self.learner.rl_log_std_per_dim if not lo <= v <= hi]
         if bad:
             raise ConfigError(f"learner.rl_log_std_per_dim has {bad} outside the policy's clamp [policy.min_log_std, "
                               f"policy.max_log_std] = [{self.policy.min_log_std}, {self.policy.max_log_std}]")
