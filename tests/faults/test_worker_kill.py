@@ -50,7 +50,7 @@ def test_killed_worker_mid_run_is_restarted_counted_and_said(tmp_path, ray_clust
     killed: list[int] = []
 
     def killer():
-        deadline = time.time() + 120
+        deadline = time.time() + 240  # the run's own wall limit: a loaded machine can take minutes to start workers
         while time.time() < deadline and not killed:
             pids = _worker_pids()
             if pids:
