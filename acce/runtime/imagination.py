@@ -26,7 +26,7 @@ from acce.bykey import ByKey
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import RolloutQueue, StalenessGate
 from acce.runtime.roles import ImaginationStats, RolloutProducer, rollout_kwargs
-from acce.runtime.worker import RolloutWorker
+from acce.runtime.worker import RolloutWorker, RolloutWorkerStats
 from acce.store.recorder import RecordingEnv
 from acce.types import Episode, Segment
 
@@ -171,7 +171,7 @@ class ImaginationWorkerStats(ByKey):
     """An imagination worker's counters (ImaginationWorker.stats): its RolloutWorker's, its ImaginedEnv's, and the
     world-model version it steps with. All zero (wm_version -1) before the first publication."""
     env_steps: int = 0
-    """imagined env steps of this process (RolloutWorker.stats env_steps)"""
+    """imagined env steps of this process (RolloutWorker.stats.env_steps)"""
     segments: int = 0
     """complete imagined segments produced"""
     decisions: int = 0
@@ -180,7 +180,7 @@ class ImaginationWorkerStats(ByKey):
     """the world-model version the ImaginedEnv steps with (-1: none yet)"""
     env_stats: dict[str, float] = field(default_factory=dict)
     """ImaginedEnv.stats: steps, episodes, gate_truncations, horizon_truncations, terminations, swaps"""
-    worker: dict[str, float] = field(default_factory=dict)
+    worker: RolloutWorkerStats = field(default_factory=RolloutWorkerStats)
     """all of the RolloutWorker's counters (RolloutWorker.stats: env_time_s, infer_time_s, ...)"""
 
 
@@ -249,9 +249,9 @@ class ImaginationWorker:
     def stats(self) -> ImaginationWorkerStats:
         if self.worker is None:
             return ImaginationWorkerStats()
-        c = dict(self.worker.stats)
-        return ImaginationWorkerStats(env_steps=int(c["env_steps"]), segments=int(c["segments"]),
-                                      decisions=int(c["decisions"]), wm_version=self.wm_version,
+        c = self.worker.stats
+        return ImaginationWorkerStats(env_steps=c.env_steps, segments=c.segments, decisions=c.decisions,
+                                      wm_version=self.wm_version,
                                       env_stats=dict(self.worker.env.stats), worker=c)
 
     def close(self) -> None:

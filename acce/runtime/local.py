@@ -96,7 +96,7 @@ class LocalRuntime:
 
     def stats(self) -> RuntimeStats:
         server = self.server.stats
-        return RuntimeStats(env_steps=sum(w.stats["env_steps"] for w in self.workers),
+        return RuntimeStats(env_steps=sum(w.stats.env_steps for w in self.workers),
                             learner_version=self.learner.version, server_version=self.server.version,
                             queue_size=len(self.queue), queue_capacity=self.cfg.runtime.queue_capacity,
                             swap_ms=server.swap_ms_last, server=server,

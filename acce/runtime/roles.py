@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from acce.bykey import ByKey
 from acce.runtime.queue import StalenessGate, SyncGate
+from acce.runtime.worker import RolloutWorkerStats
 from acce.serving.inference import ServerStats
 from acce.types import Segment
 
@@ -64,8 +65,9 @@ class ProducerStats(ByKey):
     """seconds since the first tick"""
     pid: int = 0
     """process id (a changed pid means the placement restarted the role)"""
-    counters: dict[str, Any] | ImaginationWorkerStats = field(default_factory=dict)
-    """the worker's own counters: a copy of RolloutWorker.stats, or an imagination worker's ImaginationWorkerStats"""
+    counters: RolloutWorkerStats | ImaginationWorkerStats = field(default_factory=RolloutWorkerStats)
+    """the worker's own counters, a snapshot: a sim worker's RolloutWorkerStats (RolloutWorker.stats), an
+    imagination worker's ImaginationWorkerStats (ImaginationWorker.stats())"""
 
 
 @dataclass(frozen=True)
@@ -241,10 +243,10 @@ class RolloutProducer:
         return bool(segments) or not self.worker.idle
 
     def stats(self, pid: int = 0) -> ProducerStats:
-        c = self.worker.stats  # RolloutWorker keeps a counter dict; ImaginationWorker builds ImaginationWorkerStats
-        c = c() if callable(c) else dict(c)
-        return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.get("env_steps", 0)),
-                             segments=int(c.get("segments", 0)), decisions=int(c.get("decisions", 0)),
+        c = self.worker.stats  # RolloutWorker: a RolloutWorkerStats property; ImaginationWorker: a method
+        c = c() if callable(c) else c
+        return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.env_steps),
+                             segments=int(c.segments), decisions=int(c.decisions),
                              busy_s=self.busy_s, idle_s=self.idle_s,
                              alive_s=time.time() - self.started if self.started else 0.0, pid=pid, counters=c)
 

@@ -7,10 +7,12 @@ env may start a new segment with the weights it has (staleness pacing / the sync
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from acce.bykey import ByKey
 from acce.policy.frozen import SHIPPED_PREFIX
 from acce.serving.timeline import Decision, DecisionInput, EnvTimeline, stack_inputs
 from acce.types import TASK_ID_KEY, LatencyModel, Segment, batch_row
@@ -88,6 +90,29 @@ class FuturePending:
         return self.future.result(timeout=0)
 
 
+@dataclass(frozen=True)
+class RolloutWorkerStats(ByKey):
+    """A RolloutWorker's counters since it was built (a snapshot: `RolloutWorker.stats`)."""
+    env_steps: int = 0
+    """env steps taken: one per active env per control step"""
+    decisions: int = 0
+    """inference decisions applied: one per env per chunk"""
+    segments: int = 0
+    """complete segments produced"""
+    env_time_s: float = 0.0
+    """seconds in env.step, and waiting for a busy env to free up"""
+    infer_time_s: float = 0.0
+    """seconds blocked on inference (pipelined: only the waits with no env to step)"""
+    render_time_s: float = 0.0
+    """seconds rendering the observations decisions are made on (env.observe)"""
+    paused_steps: int = 0
+    """env slots that did not step in a control step (gate-paused, busy, or waiting for their chunk), summed"""
+    delay_clamped: int = 0
+    """decisions whose sampled delay exceeded max_delay and was clamped to it"""
+    gate_asks: int = 0
+    """gate.try_acquire calls (a denial is not asked again at the same version for GATE_RETRY_S)"""
+
+
 class RolloutWorker:
     def __init__(self, env, policy: PolicyClient, *, worker_id: int = 0, segment_len: int = 8, chunk_len: int = 8,
                  exec_horizon: int = 4, max_delay: int = 0, gamma: float = 0.99, delay_aware: bool = True,
@@ -119,10 +144,14 @@ class RolloutWorker:
         self.paused = np.zeros(n, bool)
         self.episodes: list[dict[str, Any]] = []
         """finished episodes (return, length, success, task_id, seed) not yet drained by the runtime"""
-        # infer_time_s: time this worker was blocked on inference (pipelined: only waits with no env to step)
-        self.stats = {"env_steps": 0, "decisions": 0, "segments": 0, "env_time_s": 0.0, "infer_time_s": 0.0,
-                      "render_time_s": 0.0, "paused_steps": 0, "delay_clamped": 0, "gate_asks": 0}
+        self._counts: dict[str, float] = asdict(RolloutWorkerStats())
+        """RolloutWorkerStats' fields, counted in place by collect"""
         self._reset_done = False
+
+    @property
+    def stats(self) -> RolloutWorkerStats:
+        """The counters so far, as a snapshot."""
+        return RolloutWorkerStats(**self._counts)
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def _sample_delay(self) -> int:
@@ -130,14 +159,14 @@ class RolloutWorker:
             return 0
         d = int(self.latency.sample_steps())
         if d > self.max_delay:
-            self.stats["delay_clamped"] += 1
+            self._counts["delay_clamped"] += 1
             d = self.max_delay
         return d
 
     def _observe(self, idx: list[int]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         batch = self.env.observe(idx)
-        self.stats["render_time_s"] += time.perf_counter() - t0
+        self._counts["render_time_s"] += time.perf_counter() - t0
         return [batch_row(batch, k) for k in range(len(idx))]
 
     def _pop(self, i: int, out: list[Segment]) -> None:
@@ -146,7 +175,7 @@ class RolloutWorker:
         if seg is not None:
             out.append(seg)
             self.ticket[i] = False
-            self.stats["segments"] += 1
+            self._counts["segments"] += 1
 
     def _ready(self) -> np.ndarray:
         """Envs that may be observed/stepped now: all, unless the env steps its members independently (a slow
@@ -178,7 +207,7 @@ class RolloutWorker:
                     denied = self._denied.get(i)
                     if denied is not None and denied[0] == version and now - denied[1] < GATE_RETRY_S:
                         continue  # denied at this version a moment ago: it opens when a new version arrives
-                    self.stats["gate_asks"] += 1
+                    self._counts["gate_asks"] += 1
                     if not self.gate.try_acquire(self.worker_id, i, version):
                         self._denied[i] = (version, now)
                         continue
@@ -201,7 +230,7 @@ class RolloutWorker:
             return
         result = self.policy.infer(batch)
         elapsed = time.perf_counter() - t0
-        self.stats["infer_time_s"] += elapsed
+        self._counts["infer_time_s"] += elapsed
         self._apply(go, inputs, result, elapsed)
 
     def _harvest(self, block_s: float | None) -> None:
@@ -210,7 +239,7 @@ class RolloutWorker:
         if block_s != 0.0:
             t0 = time.perf_counter()
             self.inflight[0][0].wait(block_s)
-            self.stats["infer_time_s"] += time.perf_counter() - t0
+            self._counts["infer_time_s"] += time.perf_counter() - t0
         self._polled_s = time.perf_counter()
         while self.inflight and self.inflight[0][0].done():
             pending, go, inputs, t0 = self.inflight.pop(0)
@@ -232,7 +261,7 @@ class RolloutWorker:
                                      wm_version=int(getattr(self.env, "wm_version", -1)),
                                      features={key: np.asarray(v[k], np.float32) for key, v in shipped.items()}
                                      if shipped else None, frozen_stamp=str(result.get("frozen_stamp", ""))))
-        self.stats["decisions"] += len(go)
+        self._counts["decisions"] += len(go)
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def collect(self, min_segments: int = 1, max_steps: int | None = None) -> list[Segment]:
@@ -263,7 +292,7 @@ class RolloutWorker:
                 if (~self.paused & ~ready).any():  # only busy envs left to step: wait for the first to free up
                     t0 = time.perf_counter()
                     self.env.wait_ready()
-                    self.stats["env_time_s"] += time.perf_counter() - t0
+                    self._counts["env_time_s"] += time.perf_counter() - t0
                     continue
                 break  # every env waits on the gate
             actions = np.zeros((self.env.num_envs, self.env.action_dim), np.float32)
@@ -271,9 +300,9 @@ class RolloutWorker:
                 actions[i] = self.timelines[i].action()
             t0 = time.perf_counter()
             step = self.env.step(actions, render=False, active=active)
-            self.stats["env_time_s"] += time.perf_counter() - t0
-            self.stats["env_steps"] += int(active.sum())
-            self.stats["paused_steps"] += int((~active).sum())
+            self._counts["env_time_s"] += time.perf_counter() - t0
+            self._counts["env_steps"] += int(active.sum())
+            self._counts["paused_steps"] += int((~active).sum())
             steps += 1
             for i in np.flatnonzero(active):
                 tl = self.timelines[i]

@@ -1,9 +1,12 @@
 """Roles (acce/runtime/roles.py) with counting fakes: ticks, drains, gate reports, restarts, typed stats."""
+import dataclasses
+
 import pytest
 
 from acce.runtime.queue import RolloutQueue, StalenessGate, SyncGate
 from acce.runtime.roles import (Drained, LearnerConsumer, ProducerStats, RolloutProducer, RuntimeStats, Tally,
                                 gate_spec, rebase)
+from acce.runtime.worker import RolloutWorkerStats
 
 
 class FakeWorker:
@@ -11,15 +14,15 @@ class FakeWorker:
 
     def __init__(self, per_tick=2, worker_id=3):
         self.per_tick, self.worker_id, self.collects, self.paused = per_tick, worker_id, 0, False
-        self.stats = {"env_steps": 0, "segments": 0, "decisions": 0}
+        self.stats = RolloutWorkerStats()
         self.pending_episodes = []
 
     def collect(self, min_segments=1, max_steps=None):
         self.collects += 1
         if self.paused:
             return []
-        self.stats["env_steps"] += 10
-        self.stats["segments"] += self.per_tick
+        self.stats = dataclasses.replace(self.stats, env_steps=self.stats.env_steps + 10,
+                                         segments=self.stats.segments + self.per_tick)
         if self.collects % 2 == 0:
             self.pending_episodes.append({"success": True, "task_id": 0})
         return [f"seg{self.collects}.{i}" for i in range(self.per_tick)]
@@ -67,6 +70,7 @@ def test_producer_puts_whole_segments_tags_episodes_and_reports_idle():
     assert eps == seen == [{"success": True, "task_id": 0, "worker_id": 3}]
     assert isinstance(stats, ProducerStats) and stats.env_steps == 20 and stats.segments == 4
     assert stats["env_steps"] == 20 and stats.worker_id == 3  # read by name, as the dicts it replaced were
+    assert stats.counters == RolloutWorkerStats(env_steps=20, segments=4)  # the worker's own snapshot, whole
     worker.paused = True
     assert not p.tick()  # nothing to do: the placement backs off
     assert p.drain()[0] == [] and p.state() == {}

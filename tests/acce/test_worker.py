@@ -1,7 +1,8 @@
 """RolloutWorker's pipelined inference: requests go out without blocking, results are applied in order, and the
-segments are the ones the blocking path builds."""
+segments are the ones the blocking path builds. Also its gate re-asks and its counters (RolloutWorkerStats)."""
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ import torch
 
 from acce.config import load
 from acce.serving.inference import InferenceServer
-from acce.runtime.worker import FuturePending, RolloutWorker
+from acce.runtime.worker import FuturePending, RolloutWorker, RolloutWorkerStats
+from sim.bandit import ContextualBanditEnv
 from sim.vector_env import SimVectorEnv
 from test_runtime import TINY, tiny_policy
 
@@ -60,7 +62,7 @@ def test_pipelined_worker_never_blocks_on_infer_and_applies_every_result():
         segments = worker.collect(min_segments=6)
         assert policy.infers == 0 and policy.submitted >= 6
         # every decision sent is applied or still in flight, none lost
-        assert worker.stats["decisions"] + len(worker.inflight_envs) == policy.submitted
+        assert worker.stats.decisions + len(worker.inflight_envs) == policy.submitted
         assert len(segments) >= 6 and all((s.behavior_version == 5).all() for s in segments)
     finally:
         worker.close()
@@ -137,7 +139,7 @@ def test_a_denied_env_is_not_asked_again_until_the_version_changes(monkeypatch):
     with gated_worker(monkeypatch, 60.0, open_at=6, num_envs=2) as (policy, gate, worker):
         for _ in range(20):  # every env paused at version 5: one denial each, then no more asks
             worker._decide([])
-        assert gate.asks == 2 and worker.paused.all() and worker.stats["gate_asks"] == 2
+        assert gate.asks == 2 and worker.paused.all() and worker.stats.gate_asks == 2
         policy.version = 6  # new weights: asked again, admitted
         worker._decide([])
         assert gate.asks == 4 and not worker.paused.any()
@@ -148,3 +150,35 @@ def test_a_denial_expires_after_the_retry_interval_even_at_the_same_version(monk
         for _ in range(3):
             worker._decide([])
         assert gate.asks == 3
+
+
+class LateLatency:
+    """Every request takes 3 control steps: more than max_delay = 0, so every decision's delay is clamped."""
+
+    def sample_steps(self):
+        return 3
+
+
+def test_stats_are_frozen_snapshots_that_count_by_hand():
+    """3 bandit envs whose episodes are 4 steps = one chunk (chunk_len = exec_horizon = 4); segments of 2 decisions.
+    8 control steps: every env steps at every step (3 x 8 = 24 env steps, 0 paused), decides at t = 0 and t = 4
+    (3 x 2 = 6 decisions, each delay clamped from 3 to 0), ends 2 episodes (6), and its 2nd decision, closed by the
+    end of its 2nd episode, completes one segment (3)."""
+    worker = RolloutWorker(ContextualBanditEnv(3, steps=4), CountingPolicy(), segment_len=2, chunk_len=4,
+                           exec_horizon=4, latency=LateLatency())
+    try:
+        before = worker.stats
+        segments = worker.collect(min_segments=99, max_steps=8)
+        after = worker.stats
+        assert before == RolloutWorkerStats()  # a snapshot: the steps since did not change it
+        assert (after.env_steps, after.paused_steps, after.decisions, after.delay_clamped, after.segments,
+                after.gate_asks) == (24, 0, 6, 6, 3, 0)
+        assert len(segments) == 3 and len(worker.drain_episodes()) == 6
+        assert after.env_time_s > 0 and after.render_time_s > 0 and after.infer_time_s > 0
+        assert after["env_steps"] == 24 and after.get("restarts", 0) == 0  # read by key, as the dict it replaced
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            after.env_steps = 0
+        worker.collect(min_segments=99, max_steps=4)  # a 3rd episode each: 12 more env steps, 3 more decisions
+        assert after.env_steps == 24 and (worker.stats.env_steps, worker.stats.decisions) == (36, 9)
+    finally:
+        worker.close()
