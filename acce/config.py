@@ -234,6 +234,9 @@ class EvalConfig:
     """envs stepped together during evaluation"""
     video: bool = True
     """log one evaluation episode per task as a TensorBoard video"""
+    background: bool = False
+    """run the periodic validation evaluations on a thread beside the loop, which keeps training meanwhile (one at a
+    time: a due evaluation waits while one runs); off, each pauses the loop. Version 0 and the final run in place"""
 
     def __post_init__(self) -> None:
         if self.every_versions < 0 or self.episodes_per_task <= 0 or self.test_episodes_per_task <= 0:

@@ -21,6 +21,7 @@ from acce.configlib import save_config, to_dict
 from acce.machine import machine_info
 from acce.metrics import Metrics
 from acce.runtime.curriculum import TaskSampler
+from acce.run_summary import inference_metrics, run_summary  # noqa: F401  (inference_metrics: public here too)
 from acce.runtime.evaluator import eval_scalars, format_eval, format_rl_table
 from acce.serving.inference import ServerStats
 from acce.policy.build import build_policy  # noqa: F401  (public here too)
@@ -28,16 +29,6 @@ from acce.warmstart import bc_warmstart, env_states
 
 TASK_BY_ID = task_names.TASK_BY_ID
 """task id -> name, tabletop tasks and Meta-World (acce.task_names.task_id)"""
-
-
-def inference_metrics(server: ServerStats) -> dict[str, float]:
-    """Dynamic batching of the rollout inference server so far: mean rows per forward pass and forward CPU time per
-    row, wall-clock (small batches cost more per decision: 2.3 ms for 1 row vs 0.93 ms per row in 8 on an idle core)."""
-    batches, rows = server.batches, server.rows
-    if not batches or not rows:
-        return {}
-    return {"inference/rows_per_batch": rows / batches,
-            "inference/forward_ms_per_row": 1000.0 * server.forward_s / rows}
 
 
 class Trainer:
@@ -131,21 +122,27 @@ class Trainer:
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
     def evaluate(self, policy_state: dict[str, Any], version: int, video: bool, split: str = "val"
                  ) -> dict[str, Any]:
-        """One evaluation of `policy_state`: 'val' seeds (periodic; choices) or 'test' seeds (version 0 and final;
-        reports). Its scalars go to TensorBoard and to a history row tagged with the split."""
-        cfg = self.cfg
-        self.evaluator.submit(policy_state, version, split, video=video and cfg.eval.video)
-        self.evaluator.tick()  # in the driver for now: an evaluation pauses the run loop, as it always did
+        """One evaluation of `policy_state`, in place: 'val' seeds (periodic; choices) or 'test' seeds (version 0
+        and final; reports). Its scalars go to TensorBoard and to a history row tagged with the split."""
+        self.submit_eval(policy_state, version, video, split)
+        self.evaluator.tick()
         (done,) = self.evaluator.drain()
-        results = done.results
+        return self.record_eval(done)
+
+    def submit_eval(self, policy_state: dict[str, Any], version: int, video: bool, split: str = "val") -> None:
+        """Queue an evaluation, noting the counters of this moment (its history row's env steps and wall-clock)."""
+        context = {k: self.counters.get(k, 0) for k in ("env_steps", "env_steps_consumed", "wall_s")}
+        self.evaluator.submit(policy_state, version, split, video=video and self.cfg.eval.video, context=context)
+
+    def record_eval(self, done) -> dict[str, Any]:
+        """A finished evaluation (EvalResult) into TensorBoard, the history and train.select_on_val's choice."""
+        results, version, split = done.results, done.version, done.split
         self.metrics.scalars(eval_scalars(results), version)
         for task, frames in results.pop("videos").items():
             self.metrics.video(f"eval/video/{split}/{task}", frames, version)
-        self.history.append({"version": version, "split": split, "env_steps": self.counters["env_steps"],
-                             "env_steps_consumed": self.counters.get("env_steps_consumed", 0),
-                             "wall_s": self.counters["wall_s"], **eval_scalars(results)})
-        if split == "val" and cfg.train.select_on_val:
-            self._consider(policy_state, version, self.history[-1]["eval/success_mean/val"])
+        self.history.append({"version": version, "split": split, **done.context, **eval_scalars(results)})
+        if split == "val" and self.cfg.train.select_on_val:
+            self._consider(done.policy_state, version, self.history[-1]["eval/success_mean/val"])
         return results
 
     def _consider(self, policy_state: dict[str, Any], version: int, val_success: float) -> None:
@@ -192,9 +189,12 @@ class Trainer:
         """the last 200 finished training episodes per source (imagined ones never count as sim or real)"""
         bar = tqdm(desc=f"RL [{cfg.runtime.kind}/{cfg.runtime.mode}]", unit="upd", disable=not self.progress,
                    dynamic_ncols=True)
-        results = None
+        results, ticker = None, None
         try:
             runtime.start()
+            if cfg.eval.background and cfg.eval.every_versions:
+                from acce.runtime.eval_role import EvalThread
+                ticker = EvalThread(self.evaluator)
             while not self._reached_target():  # (the warm start may already be there)
                 out = runtime.poll()
                 stats = self._count(runtime.stats(), steps0, imagined0, restarts0, wall0 + time.time() - t_start)
@@ -209,15 +209,28 @@ class Trainer:
                     last_log = elapsed
                     self._log_progress(stats, recent, version, elapsed, recent_imagined)
                     bar.set_postfix(self._postfix(stats, recent, elapsed), refresh=False)
-                if cfg.eval.every_versions and version - last_eval >= cfg.eval.every_versions:
+                if cfg.eval.every_versions and version - last_eval >= cfg.eval.every_versions and not (
+                        ticker and self.evaluator.busy):  # (in the background: one at a time)
                     last_eval = version
-                    self.evaluate(runtime.policy_state(), version, video=True, split="val")
+                    if ticker:
+                        self.submit_eval(runtime.policy_state(), version, video=True, split="val")
+                    else:
+                        self.evaluate(runtime.policy_state(), version, video=True, split="val")
+                if ticker:
+                    ticker.check()
+                    for done in self.evaluator.drain():
+                        self.record_eval(done)
                 if version - last_ckpt >= cfg.train.checkpoint_every_versions:
                     last_ckpt = version
                     self.checkpoint(runtime)
                 if self._budget_done(elapsed, version):
                     break
             tail = runtime.stop()
+            if ticker:  # the last periodic evaluation still counts: wait for it, then evaluate in place
+                ticker.wait_idle()
+                ticker.close()
+                for done in self.evaluator.drain():
+                    self.record_eval(done)
             for upd in tail.updates:
                 self._record_update(upd, 0)
             self._note_episodes(tail.episodes, recent, recent_imagined)
@@ -241,9 +254,11 @@ class Trainer:
             self.checkpoint(runtime)
         finally:
             bar.close()
+            if ticker:
+                ticker.close(timeout_s=5.0)
             runtime.shutdown()
             self.metrics.close()
-        summary = self._summary(results, final_stats)
+        summary = run_summary(self, results, final_stats)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         from acce.plots import plot_learning_curve
         plot_learning_curve(self.curve, self.history, cfg.env.tasks, self.run_dir / "learning_curve.png",
@@ -334,55 +349,12 @@ class Trainer:
         self.metrics.scalars(m, version)
         self.metrics.flush()
 
-    def _test_summary(self) -> dict[str, Any]:
-        """Version 0 and final test success per task (fractions), and what RL added."""
-        rows, tasks = self.test_rows(), self.cfg.env.tasks
-        pick = (lambda r: {t: r[f"eval/success/{t}/test"] for t in tasks if f"eval/success/{t}/test" in r})
-        out: dict[str, Any] = {}
-        if rows:
-            out["final"], out["final_version"] = pick(rows[-1]), rows[-1]["version"]
-        if self.cfg.train.select_on_val and self.selected is not None:
-            # the reported final is the validation-selected version; the last one trained is named beside it
-            out["selected_on_val"] = {"version": self.selected["version"], "val_success": self.selected["val_success"],
-                                      "last_version": self.final_version}
-        if len(rows) >= 2:
-            out["v0"], out["v0_version"] = pick(rows[0]), rows[0]["version"]
-            out["rl_added"] = _delta(rows[0], rows[-1], tasks)
-        return out
-
     def _record_update(self, upd: dict, version: int) -> None:
         if "staleness/mean" in upd:
             self.staleness.append((upd["staleness/mean"], upd["staleness/max"]))
         if "learner/consumed_env_steps" in upd:  # the learner's running total (checkpointed, so it survives resume)
             self.counters["env_steps_consumed"] = int(upd["learner/consumed_env_steps"])
         self.metrics.scalars(upd, int(upd.get("learner/version", version)))
-
-    def _summary(self, results, stats) -> dict[str, Any]:
-        wall = self.counters["wall_s"]
-        return {"learner_version": stats.learner_version, "env_steps": self.counters["env_steps"],
-                "env_steps_consumed": self.counters.get("env_steps_consumed", 0), "wall_s": wall,
-                "env_steps_per_s": self.counters["env_steps"] / max(wall, 1e-6),
-                "actor_idle_frac": stats.actor_idle_frac, "learner_idle_frac": stats.learner_idle_frac,
-                "staleness_mean": float(np.mean([m for m, _ in self.staleness])) if self.staleness else None,
-                "staleness_max": float(max(x for _, x in self.staleness)) if self.staleness else None,
-                "job_wall_s": time.time() - self.job_t0, **machine_info(),
-                "worker_restarts": self.counters.get("worker_restarts", 0),
-                "test": self._test_summary(),
-                **{f"inference_{k.removeprefix('inference/')}": v
-                   for k, v in inference_metrics(stats.server).items()},
-                "imagination": {"imagined_steps": self.counters["imagined_steps"],
-                                "imagined_episodes": self.counters["imagined_episodes"],
-                                **{k: v for k, v in stats.wm.items() if not k.startswith("wm/loss/")},
-                                **{k: self.metrics.last[k] for k in ("queue/consumed/imagined", "queue/consumed/sim",
-                                                                     "queue/imagined_shortfall")
-                                   if k in self.metrics.last}} if stats.imagination is not None else None,
-                "bc": self.counters["bc"], "eval": results["per_task"] if results else {},
-                "history": self.history, "curve": self.curve}
-
-
-def _delta(first: dict[str, Any], last: dict[str, Any], tasks) -> dict[str, float]:
-    return {t: last[f"eval/success/{t}/test"] - first[f"eval/success/{t}/test"] for t in tasks
-            if f"eval/success/{t}/test" in first and f"eval/success/{t}/test" in last}
 
 
 def train(cfg: Config, resume: str | None = None, progress: bool = True) -> dict[str, Any]:
