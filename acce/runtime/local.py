@@ -49,7 +49,8 @@ class LocalRuntime:
         # on_episode runs right after each turn, as the curriculum the envs sample from must see episodes in order
         self.producers = [RolloutProducer(w, self._put, on_episode=on_episode) for w in self.workers]
         self.consumer = LearnerConsumer(learner, self._take, self._publish, self.gate,
-                                        mix=self.imagination.mixer.metrics if self.imagination is not None else None)
+                                        mix=self.imagination.mixer.metrics if self.imagination is not None else None,
+                                        max_version=cfg.train.max_versions)
         self._turn = 0
 
     def start(self) -> None:

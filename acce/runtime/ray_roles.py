@@ -171,4 +171,5 @@ class BuildLearner:
         b, mixed = cfg.learner.batch_segments, self.mixed
         return LearnerConsumer(learner, (lambda: mixed.take(get_sim)) if mixed is not None else (lambda: get_sim(b)),
                                publish, RemoteGate(named(self.gate_name), t),
-                               mix=mixed.metrics if mixed is not None else None, stamp_wait=True)
+                               mix=mixed.metrics if mixed is not None else None, stamp_wait=True,
+                               max_version=cfg.train.max_versions)

@@ -28,6 +28,8 @@ from acce.serving.inference import ServerStats
 
 PRODUCER_BACKOFF_S = 0.005
 """a rollout producer whose every env waits for fresher weights sleeps this long before asking again"""
+LEARNER_BACKOFF_S = 0.01
+"""a learner with nothing to do (train.max_versions reached, or stopping) sleeps this long before its next tick"""
 
 
 class RayRuntime:
@@ -87,7 +89,7 @@ class RayRuntime:
         ray.get(self.learner.call.remote("publish"), timeout=self.timeout_s)  # version 0 to every server first
         for w, h in enumerate(self.workers):
             self._runs[w] = h.run.remote(PRODUCER_BACKOFF_S)
-        self._learner_run = self.learner.run.remote()
+        self._learner_run = self.learner.run.remote(LEARNER_BACKOFF_S)
         if self.imagination is not None:
             self.imagination.start()
 

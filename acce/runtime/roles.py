@@ -269,11 +269,12 @@ class LearnerConsumer:
     publishes: a snapshot (checkpoint, evaluation) never sees a half-applied optimizer step."""
 
     def __init__(self, learner, take: Callable[[], "list | None"], publish: Callable[[int, Any], None], gate, *,
-                 mix: Callable[[list, int], dict] | None = None, stamp_wait: bool = False):
+                 mix: Callable[[list, int], dict] | None = None, stamp_wait: bool = False, max_version: int = 0):
         """stamp_wait: write queue/learner_wait_s into each update (Ray, where the learner waits on other
-        processes; the local runtime never waits)"""
+        processes; the local runtime never waits); max_version: take no batch once the learner's version is there
+        (train.max_versions; 0 = no cap), so a learner that runs ahead of the driver's polls stops at the budget"""
         self.learner, self.take, self.publish_fn, self.gate = learner, take, publish, gate
-        self.mix, self.stamp_wait = mix, stamp_wait
+        self.mix, self.stamp_wait, self.max_version = mix, stamp_wait, int(max_version)
         self.updates0 = learner.updates  # a resumed learner has updates before this run's gate existed
         self.lock = threading.Lock()
         self.updates: list[dict[str, float]] = []
@@ -290,6 +291,8 @@ class LearnerConsumer:
 
     def tick(self) -> bool:
         self.started = self.started or time.time()
+        if self.max_version and self.learner.version >= self.max_version:
+            return False  # the version budget is spent: the driver ends the run on its next turn
         t0 = time.perf_counter()
         batch = self.take()
         self.wait_s += time.perf_counter() - t0

@@ -92,6 +92,21 @@ def test_learner_consumer_updates_publishes_then_reports_to_the_gate():
     assert c.drain()[0] == [] and c.state() == {"version": 2}
 
 
+def test_the_learner_takes_no_batch_once_train_max_versions_is_reached():
+    # a learner that runs ahead of the driver's polls (Ray) must stop at the version budget, not a poll later
+    learner, gate, published, taken = FakeLearner(steps_per_update=1), CountingGate(), [], []
+    take = lambda: taken.append(1) or ["x", "y"]  # noqa: E731  (a batch is always ready)
+    c = LearnerConsumer(learner, take, lambda v, s: published.append(v), gate, max_version=3)
+    ticks = [c.tick() for _ in range(6)]
+    assert learner.version == 3 and ticks == [True, True, True, False, False, False]
+    assert len(taken) == 3 and published == [1, 2, 3]  # no batch taken (and lost) past the budget
+    # versions count optimizer steps: an update of 2 steps may pass the cap by at most one update
+    two = LearnerConsumer(FakeLearner(steps_per_update=2), take, lambda v, s: None, CountingGate(), max_version=3)
+    assert [two.tick() for _ in range(4)] == [True, True, False, False] and two.version == 4
+    uncapped = LearnerConsumer(FakeLearner(steps_per_update=1), take, lambda v, s: None, CountingGate())
+    assert all(uncapped.tick() for _ in range(6)) and uncapped.version == 6  # 0 = no cap
+
+
 def test_sync_gate_admits_one_versions_batch_in_rounds_and_the_report_opens_the_next():
     gate = SyncGate(segments_per_round=2, segments_per_version=5, start_version=0)
     # round 1: one per env; env (0, 0) asks again before env (0, 1) had its turn: denied
