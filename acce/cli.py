@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-delay-warm-start", dest="random_delay_warm_start", action="store_true",
                    help="[delay] give the delay-aware arm its own warm start, cloned at random latencies up to the "
                    "largest d (bc.random_delay_steps); the naive arm keeps the d = 0 warm start")
+    p.add_argument("--random-delay-max", dest="random_delay_max", type=int, default=None,
+                   help="[delay] with --random-delay-warm-start: clone the aware warm start at random d up to this "
+                   "(default: the largest of --delays), e.g. 8 to add d = 2 cells with the 0..8 grid's recipe")
     p.add_argument("--delays", default=None, help="[delay] comma-separated latencies in control steps (default 0,2,4,6)")
     p.add_argument("--target", type=float, default=0.8, help="[wm] held-out success whose env steps are measured")
     p.add_argument("--offline-episodes", dest="offline_episodes", type=int, default=1000,

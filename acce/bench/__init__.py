@@ -51,10 +51,13 @@ def _bench_delay(cfg, args) -> dict:
         delays = ()
     if not delays or 0 not in delays or min(delays) < 0:
         raise ValueError(f"--delays {args.delays!r}: give latencies >= 0 control steps, including 0 (e.g. 0,2,4,6,8)")
+    if args.random_delay_max is not None and not args.random_delay_warm_start:
+        raise ValueError("--random-delay-max sizes the aware arm's own warm start: add --random-delay-warm-start")
     return run_delay_bench(args.config, list(args.overrides), tasks=tasks, seeds=tuple(range(args.seeds)),
                            delays=delays,
                            budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
-                           workdir=args.workdir, plot=args.plot, random_delay_warm_start=args.random_delay_warm_start)
+                           workdir=args.workdir, plot=args.plot, random_delay_warm_start=args.random_delay_warm_start,
+                           random_delay_max=args.random_delay_max)
 
 
 def _bench_wm(cfg, args) -> dict:

@@ -11,7 +11,8 @@ would overstate what is known), success(d) / success(0) per learner, the aware -
 update (acce/bench/fair.py). Finished cells are kept in the workdir, so an interrupted bench resumes.
 
 With `random_delay_warm_start` the delay-aware arm gets a warm start of its own, cloned at random latencies up to
-the largest benched d with the delay-aware inputs (`bc.random_delay_steps`), while the naive arm keeps the d = 0
+the largest benched d (or `random_delay_max`, so that a few added latencies reuse the full grid's recipe) with the
+delay-aware inputs (`bc.random_delay_steps`), while the naive arm keeps the d = 0
 warm start and the execution trick (the env starts every chunk at position d): the baseline a robotics user tries
 first. The two arms then start from different policies, so d = 0 runs both.
 """
@@ -29,9 +30,15 @@ from acce.stats import seed_interval
 
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
                     seeds=(0, 1, 2), budget_steps: int = 30_000, eval_episodes: int = 40, workdir: str | None = None,
-                    plot: str | None = None, random_delay_warm_start: bool = False) -> dict[str, Any]:
+                    plot: str | None = None, random_delay_warm_start: bool = False,
+                    random_delay_max: int | None = None) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
+
+    rd_max = max(delays) if random_delay_max is None else int(random_delay_max)
+    if rd_max < max(delays):
+        raise ValueError(f"random_delay_max={rd_max} is below the largest benched latency {max(delays)}: the aware "
+                         "warm start would never have seen it")
 
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-delay-"))
     cells: dict[str, Any] = {}
@@ -43,7 +50,7 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
         warm["aware"] = root / f"{task}_bc_rd" / "checkpoints" / "bc.pt" if separate else warm["naive"]
         for mode, ckpt in warm.items():  # shared by every seed and delay (and by both arms unless separate)
             if not ckpt.is_file() and (separate or mode == "naive"):
-                extra = [f"bc.random_delay_steps={max(delays)}"] if separate and mode == "aware" else []
+                extra = [f"bc.random_delay_steps={rd_max}"] if separate and mode == "aware" else []
                 Trainer(load(config, base + [f"run.name={ckpt.parent.parent.name}", "train.max_versions=1",
                                              "train.final_eval=false", *NO_PERIODIC_EVAL] + extra),
                         progress=False).run()
@@ -78,7 +85,7 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
     table = summarize(cells)
     result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
               "eval_episodes": eval_episodes, "warm_starts": {
-                  "aware": f"cloned at random d in 0..{max(delays)} (bc.random_delay_steps)" if separate else "d = 0",
+                  "aware": f"cloned at random d in 0..{rd_max} (bc.random_delay_steps)" if separate else "d = 0",
                   "naive": "d = 0; the env starts each chunk at position d (execution trick)"},
               "warm_start": warm_rows, "cells": table, "runs": cells,
               "counting": "env_steps: consumed by the learner; wall_s: from the first learner update; "

@@ -98,6 +98,22 @@ def test_delay_bench_random_delay_warm_start_gives_the_aware_arm_its_own(fake_tr
     assert "random d in 0..8" in out["warm_starts"]["aware"]
 
 
+def test_delay_bench_random_delay_max_keeps_the_full_grids_warm_start_recipe(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    monkeypatch.setattr(delay_bench, "_evaluate",
+                        lambda cfg, ckpt, n: {"success_rate": 0.5, "ci95": [0.2, 0.8], "n": n})
+    base = ["policy.chunk_len=12", "policy.max_delay_steps=8"]
+    out = delay_bench.run_delay_bench(None, base, tasks=("reach",), delays=(0, 2), seeds=(0,), budget_steps=500,
+                                      eval_episodes=10, workdir=str(tmp_path), random_delay_warm_start=True,
+                                      random_delay_max=8)
+    warm = [c for c in fake_trainer.made if not c.train.init_from]
+    assert [(c.run.name, c.bc.random_delay_steps) for c in warm] == [("reach_bc", 0), ("reach_bc_rd", 8)]
+    assert "random d in 0..8" in out["warm_starts"]["aware"] and out["delays"] == [0, 2]
+    with pytest.raises(ValueError, match="below the largest benched latency"):
+        delay_bench.run_delay_bench(None, base, tasks=("reach",), delays=(0, 4), seeds=(0,), budget_steps=500,
+                                    workdir=str(tmp_path / "b"), random_delay_warm_start=True, random_delay_max=2)
+
+
 def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
     from acce.configlib import save_config
 
