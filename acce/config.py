@@ -256,7 +256,8 @@ class TrainConfig:
     max_env_steps: int = 0
     """stop after this many simulator env steps (0: no limit)"""
     max_versions: int = 0
-    """stop after this many learner versions (0: no limit)"""
+    """stop after this many learner versions (0: no limit); the learner itself takes no batch past it, so a run
+    overshoots by at most one update's optimizer steps however slowly the driver polls"""
     stop_at_success: float = 0.0
     """stop once a periodic evaluation (eval.every_versions, validation seeds) reaches this held-out success on
     every task (0 = off); `acce bench wm` uses it to measure env steps to a success level"""
