@@ -27,12 +27,19 @@ class DemoDataset:
     by the first episodes' mean and std (fixed afterwards, so a target's scale never drifts between phases)."""
 
     def __init__(self, episodes: list[Episode], chunk_len: int, max_delay: int, action_dim: int,
-                 labels: list[np.ndarray] | None = None, random_delay_steps: int = 0, seed: int = 0):
+                 labels: list[np.ndarray] | None = None, random_delay_steps: int = 0, seed: int = 0,
+                 min_delay_steps: int = 0, delay_inputs: bool = True):
+        """min_delay_steps: the smallest drawn latency; delay_inputs=False: a delay-naive policy's inputs (d = 0,
+        no prefix) while the loss masks still follow the drawn latency (bc.delay_inputs)"""
         if not 0 <= random_delay_steps <= max_delay:
             raise ValueError(f"random_delay_steps={random_delay_steps} must be in [0, max_delay={max_delay}]: the "
                              "policy's prefix input holds at most max_delay actions")
+        if min_delay_steps and not 0 <= min_delay_steps <= random_delay_steps:
+            raise ValueError(f"min_delay_steps={min_delay_steps} must be in [0, random_delay_steps="
+                             f"{random_delay_steps}]")
         self.H, self.D, self.A = chunk_len, max_delay, action_dim
-        self.random_delay_steps = random_delay_steps
+        self.random_delay_steps, self.min_delay_steps = random_delay_steps, min_delay_steps
+        self.delay_inputs = delay_inputs
         self._delay_rng = np.random.default_rng(seed)
         self.obs_arrays: dict[str, np.ndarray] = {}
         self.instructions: list[str] = []
@@ -97,9 +104,9 @@ class DemoDataset:
 
     def batch(self, idx: np.ndarray, delays: np.ndarray | None = None) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
         """Inputs, targets (B, H, A) and loss masks (B, H) of decisions idx, at delays `delays` (B,) if given, else
-        drawn from 0 … random_delay_steps (all 0 by default)."""
+        drawn from min_delay_steps … random_delay_steps (all 0 by default)."""
         if delays is None:
-            delays = self._delay_rng.integers(0, self.random_delay_steps + 1, size=len(idx)) \
+            delays = self._delay_rng.integers(self.min_delay_steps, self.random_delay_steps + 1, size=len(idx)) \
                 if self.random_delay_steps else np.zeros(len(idx), np.int64)
         delays = np.asarray(delays, np.int64)
         if delays.shape != (len(idx),) or delays.min(initial=0) < 0 or delays.max(initial=0) > self.D:
@@ -112,6 +119,8 @@ class DemoDataset:
         committed = np.arange(self.D)[None] < delays[:, None]  # (B, D): the first d prefix rows
         inputs["prefix"] = np.where(committed[..., None], self.prefixes[idx], 0.0).astype(np.float32)
         inputs["delay_steps"] = delays
+        if not self.delay_inputs:  # a naive policy is told nothing about the latency it is cloned for
+            inputs["prefix"], inputs["delay_steps"] = np.zeros_like(inputs["prefix"]), np.zeros_like(delays)
         masks = self.masks[idx] & (np.arange(self.H)[None] >= delays[:, None])  # positions < d never execute
         return inputs, self.targets[idx], masks
 

@@ -43,10 +43,21 @@ class BCConfig:
     the delay-aware learner (learner.delay_correction=true, whose policy reads those inputs); DAgger rounds then run
     the policy at such latencies too, so the expert labels the states latency leads to. At most
     policy.max_delay_steps"""
+    min_delay_steps: int = 0
+    """with random_delay_steps: the smallest latency drawn, in control steps (equal to random_delay_steps: every
+    decision is cloned at that one latency, e.g. the deployment's)"""
+    delay_inputs: bool = True
+    """with random_delay_steps: give the policy the delay-aware inputs. false clones a delay-naive policy for those
+    latencies (learner.delay_correction=false): the loss still skips the chunk positions < d that never execute, but
+    its inputs say d = 0 with no prefix, as a naive learner's actors send; DAgger runs it that way too. This is the
+    latency-matched naive baseline (`acce bench delay --naive-at-latency`)"""
 
     def __post_init__(self) -> None:
         if self.random_delay_steps < 0:
             raise ConfigError(f"bc.random_delay_steps must be >= 0 control steps, got {self.random_delay_steps}")
+        if self.min_delay_steps and not 0 <= self.min_delay_steps <= self.random_delay_steps:
+            raise ConfigError(f"bc.min_delay_steps={self.min_delay_steps} must be in [0, bc.random_delay_steps="
+                              f"{self.random_delay_steps}]")
         if self.dagger_rounds < 0 or self.dagger_episodes < 0:
             raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
         if not self.aux_loss_coef >= 0:

@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-delay-warm-start", dest="random_delay_warm_start", action="store_true",
                    help="[delay] give the delay-aware arm its own warm start, cloned at random latencies up to the "
                    "largest d (bc.random_delay_steps); the naive arm keeps the d = 0 warm start")
+    p.add_argument("--naive-at-latency", dest="naive_at_latency", action="store_true",
+                   help="[delay] add the latency-matched naive arm: per d > 0 a delay-naive policy cloned and "
+                   "DAgger-run at that one latency (no d input), then naive RL from it (cells <task>/d<d>/naive_matched)")
     p.add_argument("--random-delay-max", dest="random_delay_max", type=int, default=None,
                    help="[delay] with --random-delay-warm-start: clone the aware warm start at random d up to this "
                    "(default: the largest of --delays), e.g. 8 to add d = 2 cells with the 0..8 grid's recipe")

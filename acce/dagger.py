@@ -27,8 +27,11 @@ from acce.types import INSTRUCTION_KEY, Episode
 def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], episodes: int, *, chunk_len: int,
                     exec_horizon: int, num_envs: int = 8, noise_std: float = 0.0, seed: int = 0,
                     progress: bool = True, desc: str = "dagger rollouts", max_delay: int = 0,
-                    random_delay_steps: int = 0) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
+                    random_delay_steps: int = 0, min_delay_steps: int = 0, delay_inputs: bool = True
+                    ) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
     """Run `policy` (a VLAPolicy, deterministic mean chunks) for `episodes` episodes split over `tasks`.
+    Latency d is drawn from min_delay_steps … random_delay_steps; delay_inputs=False runs a delay-naive policy
+    (inputs d = 0, no prefix) whose chunks still take over d steps late from position d (the execution trick).
 
     Returns (episodes, expert labels (T, A) per episode, success rate per task of the policy itself)."""
     import torch
@@ -60,7 +63,7 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                 recorder.start_all(obs, env.task_names, env.seeds)
                 plans = np.zeros((n, chunk_len, env.action_dim), np.float32)
                 phase = np.full(n, exec_horizon)  # >= exec_horizon: a new chunk is due
-                timelines = [EnvTimeline(chunk_len, exec_horizon, max_delay, env.action_dim, 1.0)
+                timelines = [EnvTimeline(chunk_len, exec_horizon, max_delay, env.action_dim, 1.0, delay_inputs)
                              for _ in range(n)] if random_delay_steps else None
                 labels: list[list[np.ndarray]] = [[] for _ in range(n)]
                 done = 0
@@ -71,11 +74,11 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                         batch = {k: v[due] for k, v in obs.items() if k != INSTRUCTION_KEY}
                         batch[INSTRUCTION_KEY] = [obs[INSTRUCTION_KEY][i] for i in due]
                         if timelines is not None:
-                            inputs = []
+                            inputs, drawn = [], []
                             for i in due:
-                                d = int(rng.integers(0, random_delay_steps + 1))
-                                inputs.append(timelines[i].make_input({}, d))
-                                timelines[i].on_input(inputs[-1], d)
+                                drawn.append(int(rng.integers(min_delay_steps, random_delay_steps + 1)))
+                                inputs.append(timelines[i].make_input({}, drawn[-1]))
+                                timelines[i].on_input(inputs[-1], drawn[-1])
                             batch["prefix"] = np.stack([inp.prefix for inp in inputs])
                             batch["delay_steps"] = np.array([inp.delay_steps for inp in inputs], np.int64)
                         with torch.no_grad():
@@ -88,7 +91,7 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                             for k, i in enumerate(due):
                                 timelines[i].add_decision(Decision(
                                     inp=inputs[k], chunk=mean[k], logp_pos=np.zeros(chunk_len), value=0.0, version=0,
-                                    t=timelines[i].t, delay_steps=inputs[k].delay_steps, episode_id=0, timestamp_s=0.0))
+                                    t=timelines[i].t, delay_steps=drawn[k], episode_id=0, timestamp_s=0.0))
                     expert = env.expert_actions(0.0)
                     if timelines is None:
                         actions = np.clip(plans[np.arange(n), phase], -1.0, 1.0).astype(np.float32)

@@ -58,7 +58,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
             summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
-                       spec.action_dim, random_delay_steps=cfg.bc.random_delay_steps, seed=cfg.run.seed)
+                       spec.action_dim, random_delay_steps=cfg.bc.random_delay_steps, seed=cfg.run.seed,
+                       min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs)
     policy = place(build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec))
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
@@ -80,7 +81,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                 policy, make_env, list(cfg.env.tasks), cfg.bc.dagger_episodes, chunk_len=cfg.policy.chunk_len,
                 exec_horizon=cfg.rollout.execution_horizon, num_envs=cfg.env.num_envs,
                 seed=cfg.run.seed * 1000 + r, progress=progress, desc=f"DAgger round {r + 1}/{rounds}",
-                max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps)
+                max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps,
+                min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs)
             data.extend(episodes, labels)
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success

@@ -14,7 +14,10 @@ With `random_delay_warm_start` the delay-aware arm gets a warm start of its own,
 the largest benched d (or `random_delay_max`, so that a few added latencies reuse the full grid's recipe) with the
 delay-aware inputs (`bc.random_delay_steps`), while the naive arm keeps the d = 0
 warm start and the execution trick (the env starts every chunk at position d): the baseline a robotics user tries
-first. The two arms then start from different policies, so d = 0 runs both.
+first. The two arms then start from different policies, so d = 0 runs both. `naive_at_latency` adds a third arm,
+`naive_matched`: for each d > 0 a delay-naive policy cloned and DAgger-run at that one latency (it is not told d,
+but is trained on the chunk positions that execute at d), then naive RL from it: what a user who knows the
+deployment latency would build without delay-aware inputs (one policy per latency).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from acce.stats import seed_interval
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
                     seeds=(0, 1, 2), budget_steps: int = 30_000, eval_episodes: int = 40, workdir: str | None = None,
                     plot: str | None = None, random_delay_warm_start: bool = False,
-                    random_delay_max: int | None = None) -> dict[str, Any]:
+                    random_delay_max: int | None = None, naive_at_latency: bool = False) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
@@ -39,35 +42,57 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
     if rd_max < max(delays):
         raise ValueError(f"random_delay_max={rd_max} is below the largest benched latency {max(delays)}: the aware "
                          "warm start would never have seen it")
-
     root = Path(workdir or tempfile.mkdtemp(prefix="acce-delay-"))
     cells: dict[str, Any] = {}
     warm_rows: dict[str, Any] = {}
+    cloned: set[Path] = set()
+    """warm starts trained by this call (each once, even where a stand-in trainer writes no checkpoint)"""
     separate = bool(random_delay_warm_start)  # the arms start from different warm starts: d = 0 runs both
     for task in tasks:
         base = list(overrides) + [f"env.tasks=[{task}]", f"run.out_dir={root}"]
-        warm = {"naive": root / f"{task}_bc" / "checkpoints" / "bc.pt"}
-        warm["aware"] = root / f"{task}_bc_rd" / "checkpoints" / "bc.pt" if separate else warm["naive"]
-        for mode, ckpt in warm.items():  # shared by every seed and delay (and by both arms unless separate)
-            if not ckpt.is_file() and (separate or mode == "naive"):
-                extra = [f"bc.random_delay_steps={rd_max}"] if separate and mode == "aware" else []
-                Trainer(load(config, base + [f"run.name={ckpt.parent.parent.name}", "train.max_versions=1",
-                                             "train.final_eval=false", *NO_PERIODIC_EVAL] + extra),
-                        progress=False).run()
-        for d in delays:  # the warm start itself at each latency, with its learner's inputs: what RL starts from
-            for aware in ((True,) if d == 0 and not separate else (True, False)):
-                mode = "aware" if aware else "naive"
-                row = _evaluate(load(config, base + [f"delay.fixed_steps={d}", f"learner.delay_correction={aware}"]),
-                                warm[mode], eval_episodes)
-                for m in (("aware", "naive") if d == 0 and not separate else (mode,)):
+
+        def warm(mode: str, d: int) -> Path:
+            """The arm's warm start at latency d (cloned once, shared by every seed)."""
+            name = {"naive": f"{task}_bc", "aware": f"{task}_bc_rd" if separate else f"{task}_bc",
+                    "naive_matched": f"{task}_bc_naive_d{d}" if d else f"{task}_bc"}[mode]
+            ckpt = root / name / "checkpoints" / "bc.pt"
+            if not ckpt.is_file() and ckpt not in cloned:
+                cloned.add(ckpt)
+                extra = {"aware": [f"bc.random_delay_steps={rd_max}"] if separate else [],
+                         "naive_matched": [f"bc.random_delay_steps={d}", f"bc.min_delay_steps={d}",
+                                           "bc.delay_inputs=false", "learner.delay_correction=false"] if d else [],
+                         "naive": []}[mode]
+                Trainer(load(config, base + [f"run.name={name}", "train.max_versions=1", "train.final_eval=false",
+                                             *NO_PERIODIC_EVAL] + extra), progress=False).run()
+            return ckpt
+
+        def arms(d: int) -> tuple[str, ...]:
+            """The runs at latency d: one from a single shared warm start at d = 0 (both learners compute the same),
+            the naive_matched arm only where a latency exists to match (at d = 0 it is the naive one)"""
+            if d == 0:
+                return ("aware", "naive") if separate else ("aware",)
+            return ("aware", "naive") + (("naive_matched",) if naive_at_latency else ())
+
+        def same(mode: str, d: int) -> tuple[str, ...]:
+            """the cells a run at (mode, d) fills: at d = 0 the naive run stands for naive_matched too"""
+            shared = ("aware", "naive") if d == 0 and not separate else (mode,)
+            return shared + (("naive_matched",) if naive_at_latency and d == 0 and "naive" in shared else ())
+
+        warm("naive", 0), warm("aware", 0)  # the shared warm starts first; naive_matched ones per latency later
+        for d in delays:  # each warm start at each latency, with its learner's inputs: what RL starts from
+            for mode in arms(d):
+                row = _evaluate(load(config, base + [f"delay.fixed_steps={d}",
+                                                     f"learner.delay_correction={mode == 'aware'}"]),
+                                warm(mode, d), eval_episodes)
+                for m in same(mode, d):
                     warm_rows[f"{task}/d{d}/{m}"] = row
         for seed in seeds:
-            for d in delays:  # which learner runs first alternates with the seed (`order` in each run)
-                for order, aware in enumerate((True,) if d == 0 and not separate else mode_order(seed, (True, False))):
-                    mode = "aware" if aware else "naive"
+            for d in delays:  # which learner runs first rotates with the seed (`order` in each run)
+                for order, mode in enumerate(mode_order(seed, arms(d))):
+                    aware = mode == "aware"
                     name = f"{task}_s{seed}_d{d}_{mode}"
                     cfg = load(config, base + [
-                        f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm[mode]}",
+                        f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm(mode, d)}",
                         f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
                         f"train.max_env_steps={budget_steps}", *NO_PERIODIC_EVAL,
                         f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
@@ -76,17 +101,21 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                     s = finished_summary(root / name, cfg) or Trainer(cfg, progress=False).run()
                     r, fair = s["eval"][f"{task}/test"], run_counts(s, root / name)
                     # from one warm start at d = 0 the two learners are the same computation (tested): one run
-                    for m in (("aware", "naive") if d == 0 and not separate else (mode,)):
+                    for m in same(mode, d):
                         cells.setdefault(f"{task}/d{d}/{m}", []).append(
                             {"seed": seed, "order": order, "successes": r["successes"], "n": r["n"],
                              **{k: fair[k] for k in ("counted", "env_steps", "env_steps_produced", "wall_s",
                                                      "startup_s")}})
                     print(f"[delay] {name}: held-out success {r['success_rate']:.2f}", flush=True)
     table = summarize(cells)
+    warm_starts = {"aware": f"cloned at random d in 0..{rd_max} (bc.random_delay_steps)" if separate else "d = 0",
+                   "naive": "d = 0; the env starts each chunk at position d (execution trick)"}
+    if naive_at_latency:
+        warm_starts["naive_matched"] = ("one per d: a delay-naive policy cloned (and DAgger-run) at that one latency "
+                                        "(bc.min_delay_steps = bc.random_delay_steps = d, bc.delay_inputs=false), "
+                                        "execution trick")
     result = {"tasks": list(tasks), "delays": list(delays), "seeds": list(seeds), "budget_env_steps": budget_steps,
-              "eval_episodes": eval_episodes, "warm_starts": {
-                  "aware": f"cloned at random d in 0..{rd_max} (bc.random_delay_steps)" if separate else "d = 0",
-                  "naive": "d = 0; the env starts each chunk at position d (execution trick)"},
+              "eval_episodes": eval_episodes, "warm_starts": warm_starts,
               "warm_start": warm_rows, "cells": table, "runs": cells,
               "counting": "env_steps: consumed by the learner; wall_s: from the first learner update; "
                           "budget_env_steps: produced (the stop)"}
@@ -98,7 +127,7 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
 
 def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per cell: success mean, std and 95 % t interval over seeds, episodes, ratio to the same learner at d = 0, and
-    (for aware cells) the aware - naive gap in points."""
+    (for aware cells) the aware - naive and aware - naive_matched gaps in points."""
     table: dict[str, Any] = {}
     for key, runs in cells.items():
         mean, sd, ci = seed_interval([r["successes"] / r["n"] for r in runs])
@@ -108,8 +137,10 @@ def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         task, d, mode = key.split("/")
         zero = table.get(f"{task}/d0/{mode}", {}).get("success_mean", 0.0)
         row["ratio_to_d0"] = row["success_mean"] / zero if zero > 0 else None
-        if mode == "aware" and f"{task}/{d}/naive" in table:
-            row["aware_minus_naive_points"] = 100 * (row["success_mean"] - table[f"{task}/{d}/naive"]["success_mean"])
+        for other in ("naive", "naive_matched"):
+            if mode == "aware" and f"{task}/{d}/{other}" in table:
+                row[f"aware_minus_{other}_points"] = 100 * (row["success_mean"]
+                                                            - table[f"{task}/{d}/{other}"]["success_mean"])
     return table
 
 
@@ -129,7 +160,10 @@ def _plot(result: dict[str, Any], path: str) -> None:
     delays = result["delays"]
 
     def draw(ax, task):
-        for mode, style, color in (("aware", "o-", "tab:blue"), ("naive", "s--", "tab:green")):
+        for mode, style, color in (("aware", "o-", "tab:blue"), ("naive", "s--", "tab:green"),
+                                   ("naive_matched", "^-.", "tab:red")):
+            if any(f"{task}/d{d}/{mode}" not in result["cells"] for d in delays):
+                continue  # (naive_matched only with --naive-at-latency)
             rows = [result["cells"][f"{task}/d{d}/{mode}"] for d in delays]
             mean = [r["success_mean"] for r in rows]
             lo = [r["success_mean"] - (r["ci95_seeds"] or [r["success_mean"]] * 2)[0] for r in rows]

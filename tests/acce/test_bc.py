@@ -58,6 +58,24 @@ def test_random_delay_draws_every_latency_up_to_the_bound_and_zero_by_default():
         load(None, ["bc.random_delay_steps=3", "policy.max_delay_steps=2"])
 
 
+def test_a_naive_policy_cloned_at_one_latency_sees_no_latency_inputs_but_skips_the_positions_that_never_run():
+    # bc.min_delay_steps = bc.random_delay_steps = 2, bc.delay_inputs=false: the latency-matched naive baseline
+    aware = DemoDataset([episode(30)], chunk_len=6, max_delay=4, action_dim=2, random_delay_steps=2, seed=1,
+                        min_delay_steps=2)
+    naive = DemoDataset([episode(30)], chunk_len=6, max_delay=4, action_dim=2, random_delay_steps=2, seed=1,
+                        min_delay_steps=2, delay_inputs=False)
+    (ia, ta, ma), (i_n, tn, mn) = aware.batch(np.arange(25)), naive.batch(np.arange(25))  # (chunks inside the episode)
+    assert (ia["delay_steps"] == 2).all() and ia["prefix"][:, :2].any()  # one latency; the aware one sees it
+    assert not i_n["delay_steps"].any() and not i_n["prefix"].any()  # the naive one is told nothing ...
+    np.testing.assert_array_equal(tn, ta)
+    np.testing.assert_array_equal(mn, ma)  # ... but learns the same executed positions
+    assert not mn[:, :2].any() and mn[:, 2:].all()  # positions 0, 1 run during the latency: out of the loss
+    with pytest.raises(ValueError, match="min_delay_steps"):
+        DemoDataset([episode(3)], chunk_len=6, max_delay=4, action_dim=2, random_delay_steps=2, min_delay_steps=3)
+    with pytest.raises(Exception, match="bc.min_delay_steps"):
+        load(None, ["bc.random_delay_steps=2", "bc.min_delay_steps=3"])
+
+
 def test_labels_replace_executed_actions_and_extend_appends():
     data = DemoDataset([episode(2)], chunk_len=2, max_delay=0, action_dim=2)
     labels = [np.array([[-1.0, -1.0], [-0.5, -0.5], [0.0, 0.0]], np.float32)]
@@ -116,6 +134,23 @@ class PositionPolicy(torch.nn.Module):
         PositionPolicy.seen.append((batch["delay_steps"].copy(), batch["prefix"].copy()))
         b = len(batch["delay_steps"])
         return (torch.arange(1, self.H + 1, dtype=torch.float32)[None, :, None].expand(b, self.H, self.A) / 10,)
+
+
+def test_dagger_runs_a_naive_policy_late_without_telling_it():
+    from acce.dagger import dagger_rollouts
+    from acce.wiring import make_sim_env
+
+    PositionPolicy.seen = []
+    episodes, labels, _ = dagger_rollouts(
+        PositionPolicy(6), lambda tasks, n, **kw: make_sim_env(tasks, n, image_size=32, **kw), ["reach"], 2,
+        chunk_len=6, exec_horizon=2, num_envs=2, seed=3, progress=False, max_delay=3, random_delay_steps=3,
+        min_delay_steps=3, delay_inputs=False)
+    assert all(not d.any() and not p.any() for d, p in PositionPolicy.seen)  # inputs: d = 0, no prefix
+    for ep in episodes:
+        pos = np.round(ep.action[:, 0] * 10).astype(int) - 1  # executed chunk position, -1 = held
+        # every chunk takes over 3 steps after its request, from position 3 (the execution trick), and runs until
+        # the next one takes over s = 2 steps later: only positions 3 and 4 ever execute (after the held start)
+        assert set(pos[3:].tolist()) <= {3, 4} and (pos[:3] == -1).all()
 
 
 def test_dagger_at_random_latency_runs_the_rollout_workers_schedule():

@@ -114,6 +114,37 @@ def test_delay_bench_random_delay_max_keeps_the_full_grids_warm_start_recipe(fak
                                     workdir=str(tmp_path / "b"), random_delay_warm_start=True, random_delay_max=2)
 
 
+def test_delay_bench_naive_at_latency_adds_a_naive_arm_cloned_at_each_latency(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    evaluated = []
+    monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: evaluated.append(
+        (cfg.delay.fixed_steps, cfg.learner.delay_correction, ckpt.parent.parent.name)) or
+        {"success_rate": 0.5, "ci95": [0.2, 0.8], "n": n})
+    out = delay_bench.run_delay_bench(None, ["policy.chunk_len=12", "policy.max_delay_steps=8"], tasks=("reach",),
+                                      delays=(0, 4), seeds=(0, 1, 2), budget_steps=500, eval_episodes=10,
+                                      workdir=str(tmp_path / "w"), random_delay_warm_start=True, naive_at_latency=True,
+                                      plot=str(tmp_path / "delay.png"))
+    warm = [c for c in fake_trainer.made if not c.train.init_from]
+    assert [(c.run.name, c.bc.random_delay_steps, c.bc.min_delay_steps, c.bc.delay_inputs) for c in warm] == [
+        ("reach_bc", 0, 0, True), ("reach_bc_rd", 4, 0, True), ("reach_bc_naive_d4", 4, 4, False)]
+    assert warm[2].learner.delay_correction is False  # cloned as the naive learner's policy, told nothing of d
+    rl = [c for c in fake_trainer.made if c.train.init_from]
+    d4 = sorted((c.learner.delay_correction, c.train.init_from.split("/")[-3]) for c in rl
+                if c.delay.fixed_steps == 4 and c.run.seed == 0)
+    assert d4 == [(False, "reach_bc"), (False, "reach_bc_naive_d4"), (True, "reach_bc_rd")]
+    # three arms at d = 4: each goes first once in three seeds
+    firsts = {r["seed"]: m for m in ("aware", "naive", "naive_matched") for r in out["runs"][f"reach/d4/{m}"]
+              if r["order"] == 0}
+    assert sorted(firsts.values()) == ["aware", "naive", "naive_matched"]
+    # at d = 0 nothing is late: the naive run stands for the matched arm (no extra warm start or run)
+    assert out["runs"]["reach/d0/naive_matched"] == out["runs"]["reach/d0/naive"]
+    assert (4, False, "reach_bc_naive_d4") in evaluated and "reach/d4/naive_matched" in out["warm_start"]
+    row = out["cells"]["reach/d4/aware"]
+    assert row["aware_minus_naive_matched_points"] == pytest.approx(
+        100 * (row["success_mean"] - out["cells"]["reach/d4/naive_matched"]["success_mean"]))
+    assert "one latency" in out["warm_starts"]["naive_matched"] and (tmp_path / "delay.png").stat().st_size > 0
+
+
 def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
     from acce.configlib import save_config
 
