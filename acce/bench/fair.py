@@ -104,12 +104,24 @@ def finished_summary(run_dir: str | Path, cfg) -> dict[str, Any] | None:
     saved_path = run_dir / "config.yaml"
     saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
     wanted = yaml.safe_load(yaml.safe_dump(to_dict(cfg)))  # through YAML, as config.yaml was written
+    if saved is not None:  # a field added to the config since the run was made, at its default: the same config
+        _fill_added(saved, wanted, yaml.safe_load(yaml.safe_dump(to_dict(type(cfg)()))))
     if saved != wanted:
         diff = _differences(saved or {}, wanted)
         raise ValueError(f"{run_dir} finished with another config than this bench asks for "
                          f"({'; '.join(diff[:4]) or 'no config.yaml'}): pass another --workdir, or delete that run "
                          "to run it again")
     return json.loads(done.read_text())
+
+
+def _fill_added(saved: dict, wanted: dict, default: dict) -> None:
+    """Give `saved` the keys it lacks where `wanted` holds the code's default for them (in place, recursively)."""
+    for key, value in wanted.items():
+        if key not in saved:
+            if key in default and default[key] == value:
+                saved[key] = value
+        elif isinstance(value, dict) and isinstance(saved[key], dict) and isinstance(default.get(key), dict):
+            _fill_added(saved[key], value, default[key])
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:

@@ -168,6 +168,18 @@ def test_delay_bench_reuses_finished_cells(fake_trainer, monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="reach_s0_d0_aware finished with another config"):
         delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), budget_steps=123,
                                     workdir=str(tmp_path))
+    # a run made before a config field existed (its config.yaml lacks it) is the same run while the field keeps its
+    # default, and another one once it does not
+    import yaml
+    saved = tmp_path / "reach_s0_d0_aware" / "config.yaml"
+    older = yaml.safe_load(saved.read_text())
+    del older["bc"]["delay_inputs"]
+    saved.write_text(yaml.safe_dump(older))
+    delay_bench.run_delay_bench(None, [], tasks=("reach",), delays=(0,), seeds=(0,), workdir=str(tmp_path))
+    assert fake_trainer.made == []
+    with pytest.raises(ValueError, match="bc.delay_inputs"):
+        delay_bench.run_delay_bench(None, ["bc.delay_inputs=false"], tasks=("reach",), delays=(0,), seeds=(0,),
+                                    workdir=str(tmp_path))
 
 
 def _history(*points):
