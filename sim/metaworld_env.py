@@ -5,7 +5,8 @@
     obs, reward, terminated, truncated, info = env.step(env.expert_action())
     env.close()
 
-Observation: {"image/front": (H, W, 3) uint8, "state": (4,) float32, "instruction": str}. The state is
+Observation: {"image/front": (H, W, 3) uint8, "state": (4,) float32, "instruction": str}, plus "image/wrist" (an
+eye-in-hand view) and so on for each camera in `cameras=("front", "wrist")` (env.cameras; MW_CAMERAS). The state is
 proprioception only: hand xyz and gripper opening, the first 4 entries of Meta-World's 39-d observation. Object and
 goal positions are NOT in it; the policy has to see them (the goal is drawn as a small sphere site in the image).
 Actions: (4,) float32 in [-1, 1] = hand xyz delta + gripper effort, which is Meta-World's own action space.
@@ -46,13 +47,16 @@ from gymnasium import spaces  # noqa: E402
 
 from acce.task_names import task_id  # noqa: E402
 from acce.types import AUX_KEY, EnvSpec  # noqa: E402
+from sim.metaworld_instructions import INSTRUCTIONS as _INSTRUCTIONS  # noqa: E402
 from sim.task import AUX_DIM  # noqa: E402
 
 TASK_PREFIX = "metaworld/"
 """registry prefix of Meta-World task names: "metaworld/reach-v3" """
-DEFAULT_CAMERA = "corner"
-"""Meta-World camera behind `image/front`: the closest fixed view with the table, arm, object and goal in frame
-(at 64x64 "corner2"/"corner3" leave the puck 1-2 pixels wide)"""
+MW_CAMERAS = {"front": "corner", "wrist": "gripperPOV"}
+"""acce camera name (obs key `image/<name>`, env.cameras) -> the Meta-World camera behind it. front: "corner", the
+closest fixed view with the table, arm, object and goal in frame (at 64x64 "corner2"/"corner3" leave the puck 1-2
+pixels wide), rolled upright. wrist: "gripperPOV", Meta-World's eye-in-hand camera (it rides with the hand and looks
+down past the fingers; "behindGripper" hangs 0.5 m above the hand)."""
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " " + string.punctuation
 """characters an instruction may contain (gymnasium Text space)"""
 STATE_DIM = 4
@@ -75,33 +79,6 @@ succeeding (docs/decisions.md); shifted, every step before success costs and suc
 ACTION_REPR = "delta_xyz_gripper"
 """Meta-World's own action, which means what the tabletop's does: hand (mocap) displacement in units of its
 action_scale (our max_step_m), then a gripper effort (+1 closes)"""
-
-# Hand-written instructions for the common families; anything else falls back to the task name in words.
-_INSTRUCTIONS = {
-    "reach": "reach the goal position",
-    "reach-wall": "reach the goal position behind the wall",
-    "push": "push the puck to the goal",
-    "push-wall": "push the puck around the wall to the goal",
-    "push-back": "push the puck back to the goal",
-    "pick-place": "pick up the puck and place it at the goal",
-    "pick-place-wall": "pick up the puck, lift it over the wall and place it at the goal",
-    "door-open": "open the door",
-    "door-close": "close the door",
-    "door-lock": "lock the door",
-    "door-unlock": "unlock the door",
-    "drawer-open": "open the drawer",
-    "drawer-close": "close the drawer",
-    "button-press": "press the button",
-    "window-open": "open the window",
-    "window-close": "close the window",
-    "faucet-open": "open the faucet",
-    "faucet-close": "close the faucet",
-    "peg-insert-side": "insert the peg into the hole from the side",
-    "basketball": "put the ball into the basket",
-    "sweep-into": "sweep the puck into the hole",
-    "coffee-button": "press the button on the coffee machine",
-    "shelf-place": "pick up the puck and place it on the shelf",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +142,7 @@ class MetaWorldEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, name: str, image_size: int = 64, max_episode_steps: int | None = None,
-                 camera: str = DEFAULT_CAMERA, antialias: bool = True, render_mode: str | None = None,
+                 cameras: tuple[str, ...] = ("front",), antialias: bool = True, render_mode: str | None = None,
                  aux_labels: bool = False):
         bare = _bare_name(name)
         envs = _v3_envs()
@@ -175,6 +152,10 @@ class MetaWorldEnv(gym.Env):
             raise ValueError(f"unknown Meta-World task {name!r}: {hint}")
         if image_size < 1:
             raise ValueError(f"image_size must be >= 1 pixel, got {image_size}")
+        cameras = tuple(cameras)
+        unknown = [c for c in cameras if c not in MW_CAMERAS]
+        if unknown or not cameras:
+            raise ValueError(f"Meta-World cameras must be one or more of {sorted(MW_CAMERAS)}, got {list(cameras)}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
 
@@ -209,12 +190,12 @@ class MetaWorldEnv(gym.Env):
         self.max_step_m = float(self._env.action_scale)
         """hand motion one action of magnitude 1 commands (m per control step), as TabletopEnv.max_step_m"""
 
-        self._cam_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
-        if self._cam_id < 0:
-            names = [model.camera(i).name for i in range(model.ncam)]
-            raise ValueError(f"Meta-World has no camera {camera!r}; cameras: {', '.join(names)}")
-        self.camera = camera
-        _rotate_camera_upright(model, self._env.data, self._cam_id)
+        self.cameras = cameras
+        self._cam_ids = {c: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, MW_CAMERAS[c]) for c in cameras}
+        self._cam_id = self._cam_ids[cameras[0]]  # the one render() shows
+        # Only corner comes out upside down; gripperPOV looks down with image up = world +y (away from the robot).
+        if "front" in cameras:
+            _rotate_camera_upright(model, self._env.data, self._cam_ids["front"])
         # Speed, measured at 64x64 on llvmpipe (2 cores, push-v3): shadows on 19 fps; off 67; reflections also off
         # 82 (no visible change at this size); MSAA also off 223 (jaggier edges, small objects flicker more).
         model.light_castshadow[:] = 0
@@ -225,10 +206,9 @@ class MetaWorldEnv(gym.Env):
         self._renderer: mujoco.Renderer | None = None  # created on first render: no GL context until needed
 
         obs_spaces: dict[str, spaces.Space] = {
-            "image/front": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
-            "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
-            "instruction": spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET),
-        }
+            f"image/{c}": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8) for c in cameras}
+        obs_spaces["state"] = spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)
+        obs_spaces["instruction"] = spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET)
         if self.aux_labels:
             obs_spaces[AUX_KEY] = spaces.Box(-10.0, 10.0, (AUX_DIM,), np.float32)  # m: the table is ~1 m across
         self.observation_space = spaces.Dict(obs_spaces)
@@ -256,14 +236,14 @@ class MetaWorldEnv(gym.Env):
 
     @property
     def env_spec(self) -> EnvSpec:
-        """What a policy trained here needs elsewhere: one camera, `image/front` (not gymnasium's `spec`)."""
-        return EnvSpec(self.state_dim, self.action_dim, ACTION_REPR, self.control_hz, ("front",), self.image_size,
+        """What a policy trained here needs elsewhere: `image/<c>` for c in cameras (not gymnasium's `spec`)."""
+        return EnvSpec(self.state_dim, self.action_dim, ACTION_REPR, self.control_hz, self.cameras, self.image_size,
                        self.max_step_m)
 
     def render(self) -> np.ndarray | None:
-        """The front camera image (render_mode "rgb_array"); None without a render mode, as gymnasium expects."""
+        """The first camera's image (render_mode "rgb_array"); None without a render mode, as gymnasium expects."""
         if self.render_mode == "rgb_array":
-            return self._render_image()
+            return self._render_image(self.cameras[0])
         return None
 
     def close(self) -> None:
@@ -303,14 +283,12 @@ class MetaWorldEnv(gym.Env):
             "task": self.task_name, "task_id": self.task_id}
 
     def observe(self) -> dict[str, Any]:
-        """Render the camera and read proprioception (and the aux labels, if asked for) for the current state."""
+        """Render the cameras and read proprioception (and the aux labels, if asked for) for the current state."""
         if self._mw_obs is None:
             raise RuntimeError(f"{self.task_name}: call reset() before observe()")
-        obs = {
-            "image/front": self._render_image(),
-            "state": self._mw_obs[:STATE_DIM].astype(np.float32),
-            "instruction": self.instruction,
-        }
+        obs: dict[str, Any] = {f"image/{c}": self._render_image(c) for c in self.cameras}
+        obs["state"] = self._mw_obs[:STATE_DIM].astype(np.float32)
+        obs["instruction"] = self.instruction
         if self.aux_labels:
             obs[AUX_KEY] = self.aux_targets()
         return obs
@@ -349,19 +327,20 @@ class MetaWorldEnv(gym.Env):
             return np.concatenate([goal, [z, z]]).astype(np.float32)
         return np.concatenate([self._mw_obs[AUX_OBJECT_XY] - AUX_ORIGIN_XY, goal]).astype(np.float32)
 
-    def _render_image(self) -> np.ndarray:
-        if self._renderer is None:
+    def _render_image(self, camera: str) -> np.ndarray:
+        if self._renderer is None:  # one renderer for every camera: update_scene picks the view
             self._renderer = mujoco.Renderer(self._env.model, self.image_size, self.image_size)
-        self._renderer.update_scene(self._env.data, camera=self._cam_id)
+        self._renderer.update_scene(self._env.data, camera=self._cam_ids[camera])
         return self._renderer.render()  # (H, W, 3) uint8, a fresh array per call
 
 
 def make_metaworld_env(name: str, image_size: int = 64, max_episode_steps: int | None = None,
-                       antialias: bool = True, aux_labels: bool = False) -> MetaWorldEnv:
+                       antialias: bool = True, aux_labels: bool = False,
+                       cameras: tuple[str, ...] = ("front",)) -> MetaWorldEnv:
     """Build a Meta-World task by name ("reach-v3" or "metaworld/reach-v3"); unknown names list close matches.
 
     antialias=False renders ~2.7x faster on CPU at 64x64 at the cost of aliased edges. aux_labels: obs["aux"] for
-    training envs (privileged; see MetaWorldEnv).
+    training envs (privileged; see MetaWorldEnv). cameras: names in MW_CAMERAS, one `image/<name>` each.
     """
     return MetaWorldEnv(name, image_size=image_size, max_episode_steps=max_episode_steps, antialias=antialias,
-                        aux_labels=aux_labels)
+                        aux_labels=aux_labels, cameras=cameras)

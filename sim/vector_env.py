@@ -28,7 +28,7 @@ def make_single_env(task: str, *, image_size: int = 64, cameras: tuple[str, ...]
         from sim.metaworld_env import make_metaworld_env  # lazy: Meta-World is heavy to import
         return make_metaworld_env(task, image_size=image_size,
                                   max_episode_steps=getattr(task_config, "max_steps", 0) or None,
-                                  aux_labels=aux_labels)
+                                  aux_labels=aux_labels, cameras=cameras)
     return TabletopEnv(task, image_size=image_size, cameras=cameras, instruction_split=instruction_split,
                        task_config=task_config, aux_labels=aux_labels)
 
