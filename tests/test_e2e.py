@@ -70,7 +70,10 @@ def test_killed_rollout_worker_is_restarted_and_training_continues(ray_cluster, 
     import ray
 
     from acce.train import Trainer
-    cfg = load("configs/debug.yaml", ["run.name=kill", f"run.out_dir={tmp_path}", "runtime.timeout_s=30"])
+    # the test stops the runtime itself; debug.yaml's 6-version budget would stop the learner (and fill the queue)
+    # before version_at_kill + 4 whenever the learner ran ahead of the polls to version 3
+    cfg = load("configs/debug.yaml", ["run.name=kill", f"run.out_dir={tmp_path}", "runtime.timeout_s=30",
+                                      "train.max_versions=1000"])
     trainer = Trainer(cfg, progress=False)
     rt = trainer.make_runtime(trainer.build_learner())
     try:

@@ -56,7 +56,7 @@ def test_killed_imagination_worker_is_restarted_and_imagination_continues(tmp_pa
 
     from acce.train import Trainer
     cfg = load("configs/debug_wm.yaml", [f"run.out_dir={tmp_path}", "run.name=kill", "runtime.timeout_s=30",
-                                         "bc.steps=0"])
+                                         "bc.steps=0", "train.max_versions=1000"])  # the test stops it itself
     trainer = Trainer(cfg, progress=False)
     rt = trainer.make_runtime(trainer.build_learner())
 
