@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive-at-latency", dest="naive_at_latency", action="store_true",
                    help="[delay] add the latency-matched naive arm: per d > 0 a delay-naive policy cloned and "
                    "DAgger-run at that one latency (no d input), then naive RL from it (cells <task>/d<d>/naive_matched)")
+    p.add_argument("--warm-start-per-seed", dest="warm_start_per_seed", action="store_true",
+                   help="[delay] clone every warm start once per seed (run.seed = seed) instead of sharing one, so the "
+                   "seed-level intervals include the spread between warm starts of one recipe")
     p.add_argument("--random-delay-max", dest="random_delay_max", type=int, default=None,
                    help="[delay] with --random-delay-warm-start: clone the aware warm start at random d up to this "
                    "(default: the largest of --delays), e.g. 8 to add d = 2 cells with the 0..8 grid's recipe")

@@ -57,7 +57,8 @@ def _bench_delay(cfg, args) -> dict:
                            delays=delays,
                            budget_steps=args.budget_steps or 30_000, eval_episodes=args.episodes or 40,
                            workdir=args.workdir, plot=args.plot, random_delay_warm_start=args.random_delay_warm_start,
-                           random_delay_max=args.random_delay_max, naive_at_latency=args.naive_at_latency)
+                           random_delay_max=args.random_delay_max, naive_at_latency=args.naive_at_latency,
+                           warm_start_per_seed=args.warm_start_per_seed)
 
 
 def _bench_wm(cfg, args) -> dict:

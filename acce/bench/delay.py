@@ -17,7 +17,10 @@ warm start and the execution trick (the env starts every chunk at position d): t
 first. The two arms then start from different policies, so d = 0 runs both. `naive_at_latency` adds a third arm,
 `naive_matched`: for each d > 0 a delay-naive policy cloned and DAgger-run at that one latency (it is not told d,
 but is trained on the chunk positions that execute at d), then naive RL from it: what a user who knows the
-deployment latency would build without delay-aware inputs (one policy per latency).
+deployment latency would build without delay-aware inputs (one policy per latency). `warm_start_per_seed` clones
+every warm start once per seed (run.seed = seed) rather than once: the delay-naive policy's success at a given d
+swings between warm starts of one recipe, and only then do the intervals over seeds include that spread. The seed
+equal to the preset's run.seed keeps the shared names (a shared-warm-start workdir is reused); others carry `_w<seed>`.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ from acce.stats import seed_interval
 def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track", "reach"), delays=(0, 2, 4, 6),
                     seeds=(0, 1, 2), budget_steps: int = 30_000, eval_episodes: int = 40, workdir: str | None = None,
                     plot: str | None = None, random_delay_warm_start: bool = False,
-                    random_delay_max: int | None = None, naive_at_latency: bool = False) -> dict[str, Any]:
+                    random_delay_max: int | None = None, naive_at_latency: bool = False,
+                    warm_start_per_seed: bool = False) -> dict[str, Any]:
     from acce.config import load
     from acce.train import Trainer
 
@@ -51,17 +55,24 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
     for task in tasks:
         base = list(overrides) + [f"env.tasks=[{task}]", f"run.out_dir={root}"]
 
-        def warm(mode: str, d: int) -> Path:
-            """The arm's warm start at latency d (cloned once, shared by every seed)."""
+        def tag(seed: int | None) -> str:
+            """what marks a seed's own warm start and its runs; none where they are the shared warm start's (seed
+            0's warm start is cloned with the preset's run.seed, so with per-seed warm starts it is that one)"""
+            return f"_w{seed}" if warm_start_per_seed and seed is not None and seed != preset_seed else ""
+
+        def warm(mode: str, d: int, seed: int | None = None) -> Path:
+            """The arm's warm start at latency d: cloned once, shared by every seed, or with warm_start_per_seed one
+            per seed (cloned with run.seed = seed: its demos, DAgger episodes and initialisation differ)."""
             name = {"naive": f"{task}_bc", "aware": f"{task}_bc_rd" if separate else f"{task}_bc",
                     "naive_matched": f"{task}_bc_naive_d{d}" if d else f"{task}_bc"}[mode]
+            name += tag(seed)
             ckpt = root / name / "checkpoints" / "bc.pt"
             if not ckpt.is_file() and ckpt not in cloned:
                 cloned.add(ckpt)
                 extra = {"aware": [f"bc.random_delay_steps={rd_max}"] if separate else [],
                          "naive_matched": [f"bc.random_delay_steps={d}", f"bc.min_delay_steps={d}",
                                            "bc.delay_inputs=false", "learner.delay_correction=false"] if d else [],
-                         "naive": []}[mode]
+                         "naive": []}[mode] + ([f"run.seed={seed}"] if tag(seed) else [])
                 Trainer(load(config, base + [f"run.name={name}", "train.max_versions=1", "train.final_eval=false",
                                              *NO_PERIODIC_EVAL] + extra), progress=False).run()
             return ckpt
@@ -78,21 +89,24 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
             shared = ("aware", "naive") if d == 0 and not separate else (mode,)
             return shared + (("naive_matched",) if naive_at_latency and d == 0 and "naive" in shared else ())
 
-        warm("naive", 0), warm("aware", 0)  # the shared warm starts first; naive_matched ones per latency later
+        preset_seed = load(config, base).run.seed
+        warm_seeds = tuple(seeds) if warm_start_per_seed else (None,)
+        for ws in warm_seeds:
+            warm("naive", 0, ws), warm("aware", 0, ws)  # the d = 0 warm starts first; naive_matched ones per d later
         for d in delays:  # each warm start at each latency, with its learner's inputs: what RL starts from
             for mode in arms(d):
-                row = _evaluate(load(config, base + [f"delay.fixed_steps={d}",
-                                                     f"learner.delay_correction={mode == 'aware'}"]),
-                                warm(mode, d), eval_episodes)
+                cfg_d = load(config, base + [f"delay.fixed_steps={d}", f"learner.delay_correction={mode == 'aware'}"])
+                rows = [_evaluate(cfg_d, warm(mode, d, ws), eval_episodes) for ws in warm_seeds]
+                row = rows[0] if len(rows) == 1 else _pool_warm(rows)
                 for m in same(mode, d):
                     warm_rows[f"{task}/d{d}/{m}"] = row
         for seed in seeds:
             for d in delays:  # which learner runs first rotates with the seed (`order` in each run)
                 for order, mode in enumerate(mode_order(seed, arms(d))):
                     aware = mode == "aware"
-                    name = f"{task}_s{seed}_d{d}_{mode}"
+                    name = f"{task}_s{seed}_d{d}_{mode}{tag(seed)}"
                     cfg = load(config, base + [
-                        f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm(mode, d)}",
+                        f"run.name={name}", f"run.seed={seed}", f"train.init_from={warm(mode, d, seed)}",
                         f"delay.fixed_steps={d}", f"learner.delay_correction={aware}", "train.max_wall_s=0",
                         f"train.max_env_steps={budget_steps}", *NO_PERIODIC_EVAL,
                         f"eval.test_episodes_per_task={eval_episodes}", "eval.test_at_start=false", "bc.steps=0",
@@ -109,7 +123,8 @@ def run_delay_bench(config: str | None, overrides: list[str], *, tasks=("track",
                     print(f"[delay] {name}: held-out success {r['success_rate']:.2f}", flush=True)
     table = summarize(cells)
     warm_starts = {"aware": f"cloned at random d in 0..{rd_max} (bc.random_delay_steps)" if separate else "d = 0",
-                   "naive": "d = 0; the env starts each chunk at position d (execution trick)"}
+                   "naive": "d = 0; the env starts each chunk at position d (execution trick)",
+                   "per_seed": bool(warm_start_per_seed)}
     if naive_at_latency:
         warm_starts["naive_matched"] = ("one per d: a delay-naive policy cloned (and DAgger-run) at that one latency "
                                         "(bc.min_delay_steps = bc.random_delay_steps = d, bc.delay_inputs=false), "
@@ -142,6 +157,14 @@ def summarize(cells: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 row[f"aware_minus_{other}_points"] = 100 * (row["success_mean"]
                                                             - table[f"{task}/{d}/{other}"]["success_mean"])
     return table
+
+
+def _pool_warm(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One warm-start row from per-seed warm starts: the mean rate with a t interval over them, each seed's rate."""
+    rates = [r["success_rate"] for r in rows]
+    mean, _, ci = seed_interval(rates)
+    return {"success_rate": mean, "ci95": list(ci) if ci else None, "n": sum(r["n"] for r in rows),
+            "per_seed": rates}
 
 
 def _evaluate(cfg, checkpoint: Path, episodes: int) -> dict[str, Any]:

@@ -426,3 +426,26 @@ def test_bench_throughput_runs_with_every_preset(fake_trainer, preset):  # noqa:
     run_throughput(preset, [], duration_s=1.0, cases={"default": []})
     assert len(fake_trainer.made) == 2
     assert all(c.eval.every_versions == 0 and not c.train.select_on_val for c in fake_trainer.made)
+
+
+def test_delay_bench_warm_start_per_seed_clones_each_seeds_own_and_pools_them(fake_trainer, monkeypatch, tmp_path):
+    fake_trainer.outcome = staticmethod(_delay_outcome)
+    rates = {"reach_bc": 0.9, "reach_bc_w1": 0.5, "reach_bc_rd": 1.0, "reach_bc_rd_w1": 0.8}
+    monkeypatch.setattr(delay_bench, "_evaluate", lambda cfg, ckpt, n: {
+        "success_rate": rates[ckpt.parent.parent.name], "ci95": [0.0, 1.0], "n": n})
+    out = delay_bench.run_delay_bench(None, ["policy.chunk_len=12", "policy.max_delay_steps=8"], tasks=("reach",),
+                                      delays=(0, 4), seeds=(0, 1), budget_steps=500, eval_episodes=10,
+                                      workdir=str(tmp_path), random_delay_warm_start=True, random_delay_max=8,
+                                      warm_start_per_seed=True)
+    warm = [(c.run.name, c.run.seed) for c in fake_trainer.made if not c.train.init_from]
+    # the preset's seed (0) keeps the shared warm starts' names and recipe; seed 1 clones its own with run.seed 1
+    assert warm == [("reach_bc", 0), ("reach_bc_rd", 0), ("reach_bc_w1", 1), ("reach_bc_rd_w1", 1)]
+    rl = {(c.run.name, c.run.seed, c.train.init_from.split("/")[-3]) for c in fake_trainer.made if c.train.init_from}
+    assert ("reach_s0_d4_naive", 0, "reach_bc") in rl and ("reach_s1_d4_naive_w1", 1, "reach_bc_w1") in rl
+    assert ("reach_s1_d4_aware_w1", 1, "reach_bc_rd_w1") in rl and len(rl) == 2 * 4
+    # the warm-start row pools the two seeds' warm starts: mean 0.7 of 0.9 and 0.5, t interval over the two
+    row = out["warm_start"]["reach/d4/naive"]
+    assert row["per_seed"] == [0.9, 0.5] and row["success_rate"] == pytest.approx(0.7) and row["n"] == 20
+    assert row["ci95"] == pytest.approx([0.0, 1.0])  # 0.7 +- 12.706 * 0.283 / sqrt(2), clipped
+    assert out["warm_start"]["reach/d0/aware"]["success_rate"] == pytest.approx(0.9)
+    assert out["warm_starts"]["per_seed"] is True
