@@ -62,6 +62,11 @@ class WMConfig:
     """loss weight of the reward head (MSE on normalized reward)"""
     done_weight: float = 1.0
     """loss weight of the terminated and success heads (binary cross-entropy)"""
+    aux_weight: float = 1.0
+    """loss weight of the aux head (MSE on standardized privileged labels, obs["aux"]: the instruction's object and
+    goal xy), on the encoded first frame and the rolled-out latents; used only by a model built with aux_dim > 0.
+    ImaginedEnv emits its predictions as obs["aux"] so a privileged critic (policy.critic=privileged) can value
+    imagined states"""
     done_pos_weight: float = 6.0
     """weight of a positive label (terminated / success) in those heads' cross-entropy (1 = unweighted). Positives
     are rare (one frame per successful episode, ~7 % of reach/push frames), so an unweighted head learns to say "no"
@@ -94,6 +99,8 @@ class WMConfig:
                 raise ConfigError(f"wm.{name} must be >= 1, got {getattr(self, name)}")
         if not self.done_pos_weight > 0:
             raise ConfigError(f"wm.done_pos_weight must be > 0 (1 = unweighted), got {self.done_pos_weight}")
+        if not self.aux_weight >= 0:
+            raise ConfigError(f"wm.aux_weight must be >= 0, got {self.aux_weight}")
         if not self.max_disagreement > 0:
             raise ConfigError(f"wm.max_disagreement must be > 0, got {self.max_disagreement}")
         if not 0.0 < self.val_fraction < 1.0:

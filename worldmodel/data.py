@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from acce.store.episodes import EpisodeStore
-from acce.types import IMAGE_PREFIX, STATE_KEY, Episode
+from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
 
 
 @dataclass
@@ -42,6 +42,8 @@ class EpisodeArrays:
     task_id: int
     seed: int
     episode_id: str
+    aux: np.ndarray | None = None
+    """(T+1, P) float32 privileged labels (obs["aux"]) when the episode was recorded with them, else None"""
 
     @property
     def num_steps(self) -> int:
@@ -61,7 +63,8 @@ def from_episode(ep: Episode, cameras: Sequence[str]) -> EpisodeArrays:
                          action=np.asarray(ep.action, np.float32), reward=np.asarray(ep.reward, np.float32),
                          terminated=np.asarray(ep.terminated, bool), success=np.asarray(ep.success, bool),
                          instruction=ep.instruction, task=ep.task, task_id=int(ep.task_id), seed=int(ep.seed),
-                         episode_id=ep.episode_id)
+                         episode_id=ep.episode_id,
+                         aux=np.asarray(ep.obs[AUX_KEY], np.float32) if AUX_KEY in ep.obs else None)
 
 
 def split_cameras(images: np.ndarray, cameras: Sequence[str]) -> dict[str, np.ndarray]:
@@ -74,7 +77,7 @@ def _read_store(store: EpisodeStore) -> tuple[list[EpisodeArrays], dict[str, Any
     """All committed episodes of a store, as views into arrays read once."""
     cams = sorted(store.schema.image_shapes)
     frames = {k: store.frames(k) for k in [*(f"{IMAGE_PREFIX}{c}" for c in cams), STATE_KEY, "action", "reward",
-                                           "terminated", "success"]}
+                                           "terminated", "success"] + ([AUX_KEY] if store.schema.aux_dim else [])}
     images = _concat_cameras(frames, cams)
     episodes = []
     for i in range(len(store)):
@@ -88,7 +91,8 @@ def _read_store(store: EpisodeStore) -> tuple[list[EpisodeArrays], dict[str, Any
             action=frames["action"][start:start + t], reward=frames["reward"][start:start + t],
             terminated=frames["terminated"][start:start + t], success=frames["success"][start:start + t],
             instruction=eps["instruction"], task=eps["task"], task_id=int(store._index["task_id"][i]),
-            seed=int(store._index["seed"][i]), episode_id=eps["episode_id"]))
+            seed=int(store._index["seed"][i]), episode_id=eps["episode_id"],
+            aux=frames[AUX_KEY][start:stop].astype(np.float32, copy=False) if AUX_KEY in frames else None))
     return episodes, {"cameras": cams, **store.meta, "summary": store.summary()}
 
 
@@ -161,9 +165,10 @@ class SequenceBuffer:
 
 def make_windows(windows: Sequence[tuple[EpisodeArrays, int]], seq_len: int) -> dict[str, Any]:
     """Stack (episode, start) windows into padded arrays; `mask` (B, L) marks real transitions; "instruction" is
-    the list of the windows' episode instructions."""
+    the list of the windows' episode instructions; "aux" (B, L+1, P) only when every window's episode has labels."""
     B, L = len(windows), seq_len
     ep0 = windows[0][0]
+    with_aux = all(ep.aux is not None for ep, _ in windows)
     out = {"images": np.zeros((B, L + 1, *ep0.images.shape[1:]), np.uint8),
            "state": np.zeros((B, L + 1, ep0.state.shape[1]), np.float32),
            "action": np.zeros((B, L, ep0.action.shape[1]), np.float32), "reward": np.zeros((B, L), np.float32),
@@ -176,6 +181,10 @@ def make_windows(windows: Sequence[tuple[EpisodeArrays, int]], seq_len: int) -> 
         for key in ("action", "reward", "terminated", "success"):
             out[key][b, :n] = getattr(ep, key)[t0:t0 + n]
         out["mask"][b, :n] = True
+    if with_aux:
+        out["aux"] = np.zeros((B, L + 1, ep0.aux.shape[1]), np.float32)
+        for b, (ep, t0) in enumerate(windows):
+            out["aux"][b, :min(L, ep.num_steps - t0) + 1] = ep.aux[t0:t0 + L + 1]
     return out
 
 

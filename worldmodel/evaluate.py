@@ -3,7 +3,8 @@
 From every start frame t0 (stride `start_stride`) of every held-out episode the model encodes o_{t0} and rolls out
 with the recorded actions; the prediction at horizon h is compared with o_{t0+h} (only where the episode is that
 long; n per horizon is reported). Metrics per horizon (1, 4, 16): image MSE on [0, 1] pixels and PSNR, state RMSE
-and mean L2 norm of the state error (raw units), reward MAE, and the disagreement. Frames are decoded onto the start
+and mean L2 norm of the state error (raw units), reward MAE, the disagreement, and (models with an aux head, on
+episodes with aux labels) the aux head's RMSE in the labels' units (m). Frames are decoded onto the start
 frame, as ImaginedEnv does. Success/terminated heads: precision and recall at logit > 0 on one-step predicted latents
 (what ImaginedEnv uses). Held-out episodes are the checkpoint's validation split when `data` is the dataset it was
 trained on, else every episode of `data` (a separate test dataset).
@@ -29,7 +30,7 @@ def open_loop(model: WorldModel, images: np.ndarray, state: np.ndarray, instruct
               actions: np.ndarray) -> dict[str, np.ndarray]:
     """Roll out from frame 0 with the given actions: images (B, H, W, 3C), state (B, S), B instructions, actions
     (B, T, A) -> predicted images (B, T, H, W, 3C) uint8, state (B, T, S), reward (B, T), logits (B, T, 2),
-    disagreement (B, T)."""
+    disagreement (B, T), and aux (B, T, P) when the model has an aux head."""
     obs = {**split_cameras(images, model.cameras), "state": state, "instruction": list(instructions)}
     z = model.encode(obs)
     out: dict[str, list] = {"images": [], "state": [], "reward": [], "logits": [], "disagreement": []}
@@ -43,6 +44,8 @@ def open_loop(model: WorldModel, images: np.ndarray, state: np.ndarray, instruct
         decoded = model.decode(z, obs)  # composited onto the start frame, as in ImaginedEnv
         out["images"].append(np.concatenate([decoded[k] for k in model.image_keys], -1))
         out["state"].append(decoded["state"])
+        if "aux" in decoded:
+            out.setdefault("aux", []).append(decoded["aux"])
     return {k: np.stack(v, 1) for k, v in out.items()}
 
 
@@ -74,8 +77,8 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
                       start_stride: int = 2, batch: int = 128) -> dict[str, Any]:
     hmax = max(horizons)
     starts = [(ep, t0) for ep in episodes for t0 in range(0, ep.num_steps, start_stride)]
-    acc: dict[int, dict[str, list]] = {h: {"mse": [], "state_sq": [], "state_l2": [], "reward": [], "dis": []}
-                                       for h in horizons}
+    acc: dict[int, dict[str, list]] = {h: {"mse": [], "state_sq": [], "state_l2": [], "reward": [], "dis": [],
+                                           "aux_sq": []} for h in horizons}
     succ_p, succ_l, term_p, term_l, dis1 = [], [], [], [], []
     for i in range(0, len(starts), batch):
         chunk = starts[i:i + batch]
@@ -101,6 +104,8 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
                 a["state_l2"].append(float(np.linalg.norm(diff)))
                 a["reward"].append(float(abs(pred["reward"][b, h - 1] - ep.reward[t0 + h - 1])))
                 a["dis"].append(float(pred["disagreement"][b, h - 1]))
+                if "aux" in pred and ep.aux is not None:
+                    a["aux_sq"].append(float(((pred["aux"][b, h - 1] - ep.aux[t0 + h]) ** 2).mean()))
     per_h = {}
     for h, a in acc.items():
         if not a["mse"]:
@@ -112,6 +117,8 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
                          "state_rmse": float(np.sqrt(np.mean(a["state_sq"]))),
                          "state_l2": float(np.mean(a["state_l2"])), "reward_mae": float(np.mean(a["reward"])),
                          "disagreement_mean": float(np.mean(a["dis"]))}
+        if a["aux_sq"]:
+            per_h[str(h)]["aux_rmse"] = float(np.sqrt(np.mean(a["aux_sq"])))
     dis1 = np.asarray(dis1)
     return {"horizons": per_h,
             "success_head": _prec_rec(np.asarray(succ_p, bool), np.asarray(succ_l, bool)),
@@ -162,10 +169,13 @@ def format_eval(results: dict[str, Any]) -> str:
     lines = [f"wm_version {results['wm_version']}  held out: {results['held_out']} ({results['episodes']} episodes)",
              f"{'h':>4}{'n':>7}{'img MSE':>10}{'PSNR dB':>9}{'state RMSE':>12}{'state L2':>10}{'rew MAE':>9}"
              f"{'disagree':>10}"]
+    aux = any("aux_rmse" in r for r in results["horizons"].values())
+    lines[-1] += f"{'aux RMSE':>10}" if aux else ""
     for h, r in results["horizons"].items():
         if r["n"]:
             lines.append(f"{h:>4}{r['n']:>7}{r['image_mse']:>10.4f}{r['image_psnr_db']:>9.1f}{r['state_rmse']:>12.4f}"
-                         f"{r['state_l2']:>10.4f}{r['reward_mae']:>9.3f}{r['disagreement_mean']:>10.3f}")
+                         f"{r['state_l2']:>10.4f}{r['reward_mae']:>9.3f}{r['disagreement_mean']:>10.3f}"
+                         + (f"{r['aux_rmse']:>10.4f}" if "aux_rmse" in r else ""))
         else:
             lines.append(f"{h:>4}{0:>7}  (no held-out episode is that long)")
     for head in ("success_head", "terminated_head"):

@@ -9,6 +9,9 @@ the learner bootstraps instead of trusting what follows) or when it reaches `hor
 Observations are decoded lazily: `step(render=False)` only moves latents, `observe()` decodes the slots that moved.
 A fresh branch shows the real start observation itself, not its reconstruction, and later frames are composited onto
 it (pixels the model does not change are copied from the start frame; see worldmodel/nets.py ConvDecoder).
+A model with an aux head adds obs["aux"] (B, P) float32 to every observation, as a sim env built with aux labels
+does: the head's prediction from the latent, the start frame's included (so a branch's labels come from one source),
+which a privileged critic (policy.critic=privileged) reads to value imagined states.
 
 Weight swaps (`load_weights`) take the same lock as `step` and `observe`, so a batch is computed entirely with one
 version. At a swap the current observations are decoded with the old weights, then re-encoded with the new ones:
@@ -24,7 +27,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from acce.types import INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Episode, Obs, VecStep
+from acce.types import AUX_KEY, INSTRUCTION_KEY, STATE_KEY, TASK_ID_KEY, BatchObs, Episode, Obs, VecStep
 from worldmodel.data import EpisodeArrays, from_episode, split_cameras
 from worldmodel.model import WorldModel
 
@@ -114,6 +117,8 @@ class ImaginedEnv:
         obs = {**split_cameras(images, self.camera_names), STATE_KEY: np.stack([ep.state[t] for ep, t in picks])}
         with torch.no_grad():
             z = self.model.encode({**obs, INSTRUCTION_KEY: [ep.instruction for ep, _ in picks]})
+            if self.model.aux_dim:
+                obs[AUX_KEY] = self.model.aux(z).cpu().numpy().astype(np.float32)
         idx = list(slots)
         self._z[idx] = z
         if not self._obs:

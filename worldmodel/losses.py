@@ -10,6 +10,9 @@ Losses, weighted by rollout_discount**t:
   reward   reward(z, a_t) vs r_t on both the encoded and the rolled-out latent
   done     (terminated, success) logits of encode(o_{t+1}) and of ẑ_{t+1} vs the labels (BCE, positives weighted by
            wm.done_pos_weight: a success is one frame of an episode, so an unweighted head learns to say "no")
+  aux      (models with an aux head only) aux(z) vs the frames' privileged labels batch["aux"] (B, L+1, P), MSE on
+           standardized labels: aux_recon on the encoded first frame, aux_pred on the rolled-out latents (what
+           ImaginedEnv emits as obs["aux"] for the privileged critic)
 """
 from __future__ import annotations
 
@@ -85,6 +88,7 @@ def sequence_loss(model: WorldModel, batch: Mapping[str, torch.Tensor]) -> tuple
     state_err = (out_state - state_n).pow(2).mean(-1)
     img_rec, state_rec = img_err[:, 0].mean(), state_err[:, 0].mean()
     img_pred, state_pred = _wmean(img_err[:, 1:], w), _wmean(state_err[:, 1:], w)
+    aux_parts = aux_loss(model, zp, batch, w) if model.aux_dim else {}
     zp = zp[:, 1:]
     latent_loss = _wmean(torch.stack(latent, 1), w)
     reward_loss = _wmean(torch.stack(rew, 1), w)
@@ -92,8 +96,21 @@ def sequence_loss(model: WorldModel, batch: Mapping[str, torch.Tensor]) -> tuple
     done_loss = _wmean(0.5 * (done_bce(model.done_logits(zp), labels, pw)
                               + done_bce(model.done_logits(z[:, 1:]), labels, pw)).sum(-1), w)
     total = (cfg.image_weight * (img_rec + img_pred) + cfg.state_weight * (state_rec + state_pred)
-             + cfg.latent_weight * latent_loss + cfg.reward_weight * reward_loss + cfg.done_weight * done_loss)
+             + cfg.latent_weight * latent_loss + cfg.reward_weight * reward_loss + cfg.done_weight * done_loss
+             + cfg.aux_weight * sum(aux_parts.values()))  # 0 without an aux head
     parts: dict[str, Any] = {"total": total, "image_recon": img_rec, "image_pred": img_pred, "state_recon": state_rec,
                              "state_pred": state_pred, "latent": latent_loss, "reward": reward_loss, "done": done_loss,
-                             "disagreement": _wmean(torch.stack(disagree, 1), mask)}
+                             "disagreement": _wmean(torch.stack(disagree, 1), mask), **aux_parts}
     return total, {k: float(v.detach()) for k, v in parts.items()}
+
+
+def aux_loss(model: WorldModel, zp: torch.Tensor, batch: Mapping[str, Any], w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"aux_recon", "aux_pred"} for latents zp (B, L+1, Z) (frame 0 encoded, then rolled out) against batch["aux"]
+    (B, L+1, P): squared error of the standardized labels, mean over P; frame 0 averaged over B, frames 1..L
+    weighted by w (B, L) = mask x discount, like the state terms."""
+    if "aux" not in batch:
+        raise ValueError(f"this world model has an aux head (aux_dim={model.aux_dim}) but the batch has no 'aux' "
+                         "labels: train it on episodes recorded with obs['aux'] (a store with frames/aux)")
+    target = (batch["aux"].float() - model.aux_mean) / model.aux_std
+    err = (model.aux(zp, normalized=True) - target).pow(2).mean(-1)  # (B, L+1)
+    return {"aux_recon": err[:, 0].mean(), "aux_pred": _wmean(err[:, 1:], w)}

@@ -8,6 +8,8 @@
                                       context = the real frame a branch started from (unchanged pixels are copied)
     r  = reward(z, a)                 -> (B,) reward of the transition that starts at z with action a
     terminated(z), success(z)         -> (B,) logits for the state z (the state *after* a transition)
+    x  = aux(z)                       -> (B, P) float32 privileged labels (object/goal xy) of the state z; only a
+                                      model built with aux_dim = P > 0 has this head
 
 A latent is [physical part (L = wm.latent_dim) | instruction embedding (G = wm.instruction_dim)]. The physical part
 is deterministic and layer-normalized (no affine), so its scale is fixed and `wm.max_disagreement` is in latent
@@ -18,6 +20,9 @@ task embedding; words generalize to paraphrases that reuse them, and unseen word
 The reward and success heads ship and version with the model (RLinf #795: users could not reproduce world-model RL
 without them). Normalization statistics (state and reward mean/std) are buffers, so they travel in every state
 dict and checkpoint; using the model before they are set is an error.
+The optional aux head (aux_dim > 0) exists for the privileged critic (policy.critic=privileged), which reads the
+sim's labels obs["aux"]: ImaginedEnv emits the head's predictions there so imagined states are valued like real ones.
+It reads the instruction part too (the labels are the positions of the object and goal the instruction names).
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from acce.types import IMAGE_PREFIX, INSTRUCTION_KEY, STATE_KEY
+from acce.types import AUX_KEY, IMAGE_PREFIX, INSTRUCTION_KEY, STATE_KEY
 from worldmodel.config import WMConfig
 from worldmodel.nets import ConvDecoder, ConvEncoder, EnsembleMLP, mlp
 
@@ -51,10 +56,14 @@ class Prediction(NamedTuple):
 
 class WorldModel(nn.Module):
     def __init__(self, cfg: WMConfig, *, state_dim: int, action_dim: int, control_hz: float,
-                 cameras: tuple[str, ...] = ("front",)):
-        """control_hz: the rate of the episodes it learns from (their env spec's); imagined episodes run at it."""
+                 cameras: tuple[str, ...] = ("front",), aux_dim: int = 0):
+        """control_hz: the rate of the episodes it learns from (their env spec's); imagined episodes run at it.
+        aux_dim: P of the privileged aux labels the aux head predicts (0: no head; checkpoints without it load so)."""
         super().__init__()
+        if aux_dim < 0:
+            raise ValueError(f"aux_dim must be >= 0 (0 = no aux head), got {aux_dim}")
         self.cfg, self.state_dim, self.action_dim = cfg, int(state_dim), int(action_dim)
+        self.aux_dim = int(aux_dim)
         self.cameras, self.control_hz = tuple(cameras), float(control_hz)
         self.version = 0
         """world-model optimizer steps that produced these weights (the wm_version they publish as)"""
@@ -76,23 +85,39 @@ class WorldModel(nn.Module):
         self.register_buffer("reward_mean", torch.zeros(()))
         self.register_buffer("reward_std", torch.ones(()))
         self.register_buffer("stats_ready", torch.zeros((), dtype=torch.bool))
+        if self.aux_dim:  # registered only with the head, so state dicts of models without one are unchanged
+            self.aux_head = mlp([L + G, H, self.aux_dim])
+            self.register_buffer("aux_mean", torch.zeros(self.aux_dim))
+            self.register_buffer("aux_std", torch.ones(self.aux_dim))
 
     # --- normalization --------------------------------------------------------------------------------------------
-    def fit_normalization(self, states: np.ndarray, rewards: np.ndarray) -> None:
-        """Set state/reward statistics from data: states (N, S), rewards (N,). Std is floored so constant
-        dimensions (a gripper that never moves) do not blow up."""
+    @property
+    def _stat_names(self) -> tuple[str, ...]:
+        return ("state_mean", "state_std", "reward_mean", "reward_std") + (("aux_mean", "aux_std") if self.aux_dim
+                                                                             else ())
+
+    def fit_normalization(self, states: np.ndarray, rewards: np.ndarray, aux: np.ndarray | None = None) -> None:
+        """Set state/reward (and aux, (N', P), for a model with an aux head) statistics from data: states (N, S),
+        rewards (N,). Std is floored so constant dimensions (a gripper that never moves) do not blow up."""
         states, rewards = np.asarray(states, np.float64), np.asarray(rewards, np.float64)
         if states.ndim != 2 or states.shape[1] != self.state_dim or len(states) == 0 or len(rewards) == 0:
             raise ValueError(f"fit_normalization needs states (N, {self.state_dim}) and rewards (N,) with N > 0, "
                              f"got {states.shape} and {rewards.shape}")
-        self.set_normalization({"state_mean": states.mean(0), "state_std": np.maximum(states.std(0), 1e-3),
-                                "reward_mean": rewards.mean(), "reward_std": max(float(rewards.std()), 1e-3)})
+        stats = {"state_mean": states.mean(0), "state_std": np.maximum(states.std(0), 1e-3),
+                 "reward_mean": rewards.mean(), "reward_std": max(float(rewards.std()), 1e-3)}
+        if self.aux_dim:
+            aux = None if aux is None else np.asarray(aux, np.float64)
+            if aux is None or aux.ndim != 2 or aux.shape[1] != self.aux_dim or len(aux) == 0:
+                raise ValueError(f"this world model has an aux head: fit_normalization needs aux labels (N, "
+                                 f"{self.aux_dim}), got {None if aux is None else aux.shape}")
+            stats.update(aux_mean=aux.mean(0), aux_std=np.maximum(aux.std(0), 1e-3))
+        self.set_normalization(stats)
 
     def set_normalization(self, stats: Mapping[str, Any]) -> None:
-        missing = {"state_mean", "state_std", "reward_mean", "reward_std"} - set(stats)
+        missing = set(self._stat_names) - set(stats)
         if missing:
             raise ValueError(f"normalization stats lack {sorted(missing)}")
-        for name in ("state_mean", "state_std", "reward_mean", "reward_std"):
+        for name in self._stat_names:
             buf = getattr(self, name)
             value = torch.as_tensor(np.asarray(stats[name], np.float32))
             if value.shape != buf.shape or not torch.isfinite(value).all():
@@ -101,7 +126,7 @@ class WorldModel(nn.Module):
         self.stats_ready.fill_(True)
 
     def normalization(self) -> dict[str, Any]:
-        return {n: getattr(self, n).tolist() for n in ("state_mean", "state_std", "reward_mean", "reward_std")}
+        return {n: getattr(self, n).tolist() for n in self._stat_names}
 
     def require_stats(self) -> None:
         if not bool(self.stats_ready):
@@ -176,8 +201,9 @@ class WorldModel(nn.Module):
 
     @torch.no_grad()
     def decode(self, z: torch.Tensor, context: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Policy-format observation batch (instruction is the env's to add). context: the images of the real frame
-        the imagined branch started from (policy format); unchanged pixels are copied from it."""
+        """Policy-format observation batch (instruction is the env's to add), with "aux" (B, P) float32 when the
+        model has an aux head. context: the images of the real frame the imagined branch started from (policy
+        format); unchanged pixels are copied from it."""
         self.require_stats()
         ctx = None
         if context is not None:
@@ -187,6 +213,8 @@ class WorldModel(nn.Module):
         images = (pixels * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         obs = {key: np.ascontiguousarray(images[..., 3 * i:3 * i + 3]) for i, key in enumerate(self.image_keys)}
         obs[STATE_KEY] = (state_n * self.state_std + self.state_mean).cpu().numpy().astype(np.float32)
+        if self.aux_dim:
+            obs[AUX_KEY] = self.aux(z).cpu().numpy().astype(np.float32)
         return obs
 
     def reward(self, z: torch.Tensor, action: torch.Tensor | np.ndarray, normalized: bool = False) -> torch.Tensor:
@@ -194,6 +222,13 @@ class WorldModel(nn.Module):
         a = torch.as_tensor(action, dtype=z.dtype, device=z.device)
         r = self.reward_head(torch.cat([z, a], -1)).squeeze(-1)
         return r if normalized else r * self.reward_std + self.reward_mean
+
+    def aux(self, z: torch.Tensor, normalized: bool = False) -> torch.Tensor:
+        """(B, P) privileged labels of the state z (standardized units for the loss); needs aux_dim > 0."""
+        if not self.aux_dim:
+            raise RuntimeError("this world model has no aux head (aux_dim=0); train one on episodes with aux labels")
+        x = self.aux_head(z)
+        return x if normalized else x * self.aux_std + self.aux_mean
 
     def done_logits(self, z: torch.Tensor) -> torch.Tensor:
         """(B, 2) logits (terminated, success) of the state z."""
@@ -207,8 +242,9 @@ class WorldModel(nn.Module):
 
     # --- checkpoints ----------------------------------------------------------------------------------------------
     def num_parameters(self) -> dict[str, int]:
+        heads = [self.reward_head, self.done_head] + ([self.aux_head] if self.aux_dim else [])
         parts = {"encoder": [self.image_encoder, self.fuse, self.instruction_embedding], "dynamics": [self.dynamics],
-                 "decoder": [self.image_decoder, self.state_decoder], "heads": [self.reward_head, self.done_head]}
+                 "decoder": [self.image_decoder, self.state_decoder], "heads": heads}
         out = {k: sum(p.numel() for m in ms for p in m.parameters()) for k, ms in parts.items()}
         out["total"] = sum(out.values())
         return out
@@ -216,7 +252,7 @@ class WorldModel(nn.Module):
     def describe(self) -> dict[str, Any]:
         """Everything needed to rebuild the model (besides weights)."""
         return {"config": dataclasses.asdict(self.cfg), "state_dim": self.state_dim, "action_dim": self.action_dim,
-                "cameras": list(self.cameras), "control_hz": self.control_hz}
+                "cameras": list(self.cameras), "control_hz": self.control_hz, "aux_dim": self.aux_dim}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write a self-describing checkpoint atomically (temp file, then rename)."""
@@ -239,7 +275,7 @@ class WorldModel(nn.Module):
             raise ValueError(f"world-model config has unknown field(s) {unknown}; it was written by a newer acce")
         cfg = WMConfig(**desc["config"])
         return cls(cfg, state_dim=desc["state_dim"], action_dim=desc["action_dim"], cameras=tuple(desc["cameras"]),
-                   control_hz=desc["control_hz"])
+                   control_hz=desc["control_hz"], aux_dim=int(desc.get("aux_dim", 0)))
 
     @classmethod
     def from_state(cls, desc: Mapping[str, Any], version: int, state: Mapping[str, torch.Tensor]) -> WorldModel:

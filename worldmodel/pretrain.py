@@ -5,6 +5,8 @@ frame-level split would leak). Training runs the online trainer's optimizer step
 bar; TensorBoard (<out>/tb, x-axis = wm version) gets the wm/* losses, validation losses and side-by-side real vs
 open-loop predicted frames. The checkpoint (<out>/worldmodel.pt) describes itself: config, dims, normalization,
 the data it saw (path, tasks, validation episode ids) and its version; <out>/pretrain.json holds the summary.
+Data with privileged aux labels (a store with frames/aux) give the model an aux head (what a privileged critic needs
+to value imagined states); data without them give none, and one printed line says so.
 """
 from __future__ import annotations
 
@@ -59,10 +61,14 @@ def pretrain(data_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: WMCo
     if not validation_windows(val_eps, cfg.seq_len):
         raise ValueError(f"the {len(val_eps)} validation episodes of {data_path} have no transitions; "
                          "raise wm.val_fraction or record longer episodes")
+    aux_dim = int(desc.get("aux_dim") or 0)
+    if not aux_dim:
+        print(f"wm-pretrain: {data_path} has no aux labels (frames/aux): the world model gets no aux head, so "
+              "policy.critic=privileged cannot use it for imagination", flush=True)
     with torch.random.fork_rng():  # seeded init without moving the caller's global RNG
         torch.manual_seed(cfg.seed)
         model = WorldModel(cfg, state_dim=desc["state_dim"], action_dim=desc["action_dim"],
-                           cameras=tuple(desc["cameras"]), control_hz=desc["control_hz"])
+                           cameras=tuple(desc["cameras"]), control_hz=desc["control_hz"], aux_dim=aux_dim)
     model.data_info = {"path": desc["path"], "kind": desc["kind"], "num_episodes": len(episodes),
                        "num_transitions": int(sum(e.num_steps for e in episodes)),
                        "tasks": desc["summary"]["tasks"], "train_episodes": len(train_eps),

@@ -7,6 +7,9 @@ have seen (pretraining included), like `learner_version`.
 
 Only real experience trains the model: episodes with source "imagined" are refused and counted, because a model
 trained on its own imagination reinforces its own errors.
+
+A model with an aux head (aux_dim > 0, for the privileged critic) trains it on the episodes' privileged labels
+(obs["aux"]); an episode without them is an error, never zeros a head would learn to predict.
 """
 from __future__ import annotations
 
@@ -39,12 +42,13 @@ class WorldModelTrainer:
 
     @classmethod
     def create(cls, cfg: WMConfig, *, state_dim: int, action_dim: int, control_hz: float,
-               cameras: Sequence[str] = ("front",), **kw: Any) -> WorldModelTrainer:
-        """A fresh model initialized from cfg.seed (normalization is fitted from the first episodes added)."""
+               cameras: Sequence[str] = ("front",), aux_dim: int = 0, **kw: Any) -> WorldModelTrainer:
+        """A fresh model initialized from cfg.seed (normalization is fitted from the first episodes added);
+        aux_dim > 0 gives it an aux head trained on the episodes' obs["aux"]."""
         with torch.random.fork_rng():  # seeded init without moving the caller's global RNG
             torch.manual_seed(cfg.seed)
             model = WorldModel(cfg, state_dim=state_dim, action_dim=action_dim, cameras=tuple(cameras),
-                               control_hz=control_hz)
+                               control_hz=control_hz, aux_dim=aux_dim)
         return cls(model, **kw)
 
     @classmethod
@@ -70,13 +74,20 @@ class WorldModelTrainer:
         return True
 
     def add_arrays(self, episodes: Sequence[EpisodeArrays]) -> None:
+        p = self.model.aux_dim
+        bad = [ep.episode_id for ep in episodes if p and (ep.aux is None or ep.aux.shape[1:] != (p,))]
+        if bad:
+            raise ValueError(f"the world model has an aux head (aux_dim={p}) but {len(bad)} episode(s) (e.g. "
+                             f"{bad[0]}) have no obs['aux'] of width {p}; record them from envs with aux labels "
+                             "(policy.critic=privileged turns them on) or use a model without an aux head")
         self.buffer.extend(episodes)
         self.episodes_added += len(episodes)
         if not bool(self.model.stats_ready) and len(self.buffer):
             # Fixed once: moving statistics would silently change what every latent means.
             eps = list(self.buffer.episodes)
             self.model.fit_normalization(np.concatenate([e.state for e in eps]),
-                                         np.concatenate([e.reward for e in eps]))
+                                         np.concatenate([e.reward for e in eps]),
+                                         np.concatenate([e.aux for e in eps]) if p else None)
 
     # --- optimization ---------------------------------------------------------------------------------------------
     def train_steps(self, n: int) -> dict[str, float]:
