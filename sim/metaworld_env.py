@@ -8,13 +8,13 @@
 Observation: {"image/front": (H, W, 3) uint8, "state": (4,) float32, "instruction": str}, plus "image/wrist" (an
 eye-in-hand view) and so on for each camera in `cameras=("front", "wrist")` (env.cameras; MW_CAMERAS). The state is
 proprioception only: hand xyz and gripper opening, the first 4 entries of Meta-World's 39-d observation. Object and
-goal positions are NOT in it; the policy has to see them (the goal is drawn as a small sphere site in the image).
+goal positions are NOT in it; the policy has to see them (the goal is drawn as a green 4 cm sphere, GOAL_MARKER_*).
 Actions: (4,) float32 in [-1, 1] = hand xyz delta + gripper effort, which is Meta-World's own action space.
 With `aux_labels=True` every observation also carries obs["aux"], (4,) float32 privileged labels read from the 39-d
 vector: the first object's xy ([4:6]) then the goal's xy ([36:38]), in Meta-World's world frame (m). These are for
 BC supervision (bc.aux_loss_coef) and the privileged critic only, never a policy input; evaluation envs omit them.
-"First object" is whatever Meta-World lists first: the puck in push/pick-place, the door handle in door-open; in
-reach-v3 a puck that lies on the table but plays no part (the goal is what matters, and its height is not labelled).
+"First object" is whatever Meta-World lists first: the puck in push/pick-place, the door handle in door-open. Reach
+tasks label the goal's x, y, z, z instead (their puck plays no part; GOAL_ONLY_TASKS).
 
 How Meta-World is driven (metaworld 3.0.0):
   - the env class comes from `metaworld.env_dict.ALL_V3_ENVIRONMENTS[name]`, built with our image size;
@@ -52,11 +52,17 @@ from sim.task import AUX_DIM  # noqa: E402
 
 TASK_PREFIX = "metaworld/"
 """registry prefix of Meta-World task names: "metaworld/reach-v3" """
-MW_CAMERAS = {"front": "corner", "wrist": "gripperPOV"}
+MW_CAMERAS = {"front": "corner", "wrist": "gripperPOV", "top": "topview"}
 """acce camera name (obs key `image/<name>`, env.cameras) -> the Meta-World camera behind it. front: "corner", the
 closest fixed view with the table, arm, object and goal in frame (at 64x64 "corner2"/"corner3" leave the puck 1-2
 pixels wide), rolled upright. wrist: "gripperPOV", Meta-World's eye-in-hand camera (it rides with the hand and looks
-down past the fingers; "behindGripper" hangs 0.5 m above the hand)."""
+down past the fingers; "behindGripper" hangs 0.5 m above the hand). top: "topview", straight down on the table: the
+goal's x and y, which the front view mixes with its height."""
+GOAL_MARKER_RADIUS_M = 0.04
+"""radius the goal site is drawn at (Meta-World: 0.02): drawing only, sites never collide and success is unchanged"""
+GOAL_MARKER_RGB = (0.1, 1.0, 0.1)
+"""colour the goal site is drawn in (Meta-World: dark red, the arm's colour). At 64x64 Meta-World's goal was 1-3
+pixels, red on red, and a cloned reach policy's aux head did not locate it at all (docs/decisions.md)"""
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " " + string.punctuation
 """characters an instruction may contain (gymnasium Text space)"""
 STATE_DIM = 4
@@ -198,6 +204,10 @@ class MetaWorldEnv(gym.Env):
             _rotate_camera_upright(model, self._env.data, self._cam_ids["front"])
         # Speed, measured at 64x64 on llvmpipe (2 cores, push-v3): shadows on 19 fps; off 67; reflections also off
         # 82 (no visible change at this size); MSAA also off 223 (jaggier edges, small objects flicker more).
+        goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
+        if goal >= 0:  # alpha kept: a task that hides its goal keeps it hidden
+            model.site_size[goal][0] = GOAL_MARKER_RADIUS_M
+            model.site_rgba[goal][:3] = GOAL_MARKER_RGB
         model.light_castshadow[:] = 0
         model.mat_reflectance[:] = 0
         if not antialias:

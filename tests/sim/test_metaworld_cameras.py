@@ -1,6 +1,6 @@
-"""Meta-World honours env.cameras like the tabletop: `front` (the upright corner view, unchanged) and `wrist`
-(Meta-World's eye-in-hand gripperPOV camera), one `image/<name>` each, in the observation, its space and the env
-spec."""
+"""Meta-World honours env.cameras like the tabletop: `front` (the upright corner view, unchanged), `wrist`
+(Meta-World's eye-in-hand gripperPOV camera) and `top` (its topview), one `image/<name>` each, in the observation,
+its space and the env spec; the goal is drawn large and green enough to be seen at 64 x 64."""
 import os
 
 os.environ["MUJOCO_GL"] = "egl"  # before any mujoco import: headless rendering
@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from sim.metaworld_env import MW_CAMERAS, MetaWorldEnv, make_metaworld_env  # noqa: E402
+from sim.metaworld_env import GOAL_MARKER_RADIUS_M, MW_CAMERAS, MetaWorldEnv, make_metaworld_env  # noqa: E402
 
 SIZE = 16
 BOTH = ("front", "wrist")
@@ -74,9 +74,9 @@ def test_gymnasium_env_checker_with_two_cameras(make_env):
 
 
 def test_unknown_camera(make_env):
-    assert set(MW_CAMERAS) == {"front", "wrist"}
-    with pytest.raises(ValueError, match=r"\['front', 'wrist'\].*top"):
-        make_env(cameras=("front", "top"))
+    assert set(MW_CAMERAS) == {"front", "wrist", "top"}
+    with pytest.raises(ValueError, match=r"\['front', 'top', 'wrist'\].*side"):
+        make_env(cameras=("front", "side"))
     with pytest.raises(ValueError, match="front"):
         make_env(cameras=())
 
@@ -92,3 +92,33 @@ def test_make_sim_env_passes_cameras():
         assert step.obs["image/wrist"].shape == (1, SIZE, SIZE, 3)
     finally:
         venv.close()
+
+
+def _green(image: np.ndarray) -> np.ndarray:
+    """(H, W) mask of the goal marker's pixels: strongly green, nothing else in Meta-World's scenes is"""
+    im = image.astype(int)
+    return (im[..., 1] > 150) & (im[..., 1] > im[..., 0] + 80) & (im[..., 1] > im[..., 2] + 80)
+
+
+def test_goal_marker_is_visible_at_64_pixels_and_follows_the_goal():
+    """Meta-World draws reach's goal 2 cm and dark red (the arm's colour): 1-3 pixels at 64 x 64, which a cloned
+    policy never learned to locate. Drawn at 4 cm in green, it shows in both fixed views and moves with the goal."""
+    env = MetaWorldEnv("reach-v3", image_size=64, cameras=("front", "top"), aux_labels=True)
+    try:
+        model = env._env.model
+        import mujoco
+        goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
+        assert model.site_size[goal][0] == GOAL_MARKER_RADIUS_M and model.site_rgba[goal][3] == 1.0
+        centres = []
+        for seed in (1, 2, 3):
+            obs, _ = env.reset(seed=seed)
+            for cam in ("front", "top"):
+                assert _green(obs[f"image/{cam}"]).sum() >= 4, (seed, cam)
+            ys, xs = np.nonzero(_green(obs["image/top"]))
+            centres.append((xs.mean(), ys.mean(), obs["aux"][0]))
+        # in the top view the marker's column follows the goal's x (m; topview faces the robot, so image right is
+        # world -x): different goals, different pixels
+        xs = np.array([c[0] for c in centres]); gx = np.array([c[2] for c in centres])
+        assert np.ptp(xs) > 1.0 and np.corrcoef(xs, gx)[0, 1] < -0.9
+    finally:
+        env.close()
