@@ -218,6 +218,21 @@ def check_world_model(model, cfg, *, state_dim: int | None = None, action_dim: i
     for name, want, have in (("state", state_dim, model.state_dim), ("action", action_dim, model.action_dim)):
         if want is not None and want != have:
             raise ConfigError(f"{where} has {name} size {have} but the env's is {want}; pretrain on this env's data")
+    check_world_model_aux(model.aux_dim, cfg, where)
+
+
+def check_world_model_aux(aux_dim: int, cfg, where: str = "the world model") -> None:
+    """policy.critic=privileged values every state from obs["aux"]: imagined states get it only from the world
+    model's aux head, and without one the critic would see no labels (before this check: a KeyError in the
+    learner's collate, or placeholder zeros when a batch's first segment was imagined)."""
+    from acce.configlib import ConfigError
+    if cfg.policy.critic != "privileged" or aux_dim == sim_aux_dim():
+        return
+    have = f"an aux head of width {aux_dim}" if aux_dim else "no aux head"
+    raise ConfigError(f"policy.critic=privileged reads obs['aux'] ({sim_aux_dim()} privileged labels), but {where} has "
+                      f"{have}, so imagined states would have none: pretrain on episodes recorded with aux labels (a "
+                      "store with frames/aux, e.g. BC demos with bc.aux_loss_coef > 0), or leave "
+                      "imagination.wm_init_from empty to train one online, or use policy.critic=trunk")
 
 
 class _WMTrainerFactory:
@@ -237,8 +252,10 @@ class _WMTrainerFactory:
             trainer = WorldModelTrainer.from_checkpoint(self.init_from, device=device)
             check_world_model(trainer.model, cfg, state_dim=state_dim, action_dim=action_dim)
             return trainer
+        # the sim envs record obs["aux"] exactly when the critic is privileged (_RolloutEnvFactory's aux_labels)
         return WorldModelTrainer.create(cfg.wm, state_dim=state_dim, action_dim=action_dim, cameras=cfg.env.cameras,
-                                        control_hz=self.control_hz, device=device)
+                                        control_hz=self.control_hz, device=device,
+                                        aux_dim=sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
 
 
 def wm_trainer_factory(cfg, init_from: str | None = None):
@@ -247,7 +264,7 @@ def wm_trainer_factory(cfg, init_from: str | None = None):
     path = cfg.imagination.wm_init_from if init_from is None else init_from
     if path:
         from worldmodel.model import WorldModel
-        check_world_model(WorldModel.load(path), cfg)
+        check_world_model(WorldModel.load(path), cfg)  # (a fresh model gets an aux head when the critic needs one)
     return _WMTrainerFactory(cfg, path, env_spec(cfg).control_hz)
 
 
@@ -263,6 +280,7 @@ class _ImaginedEnvFactory:
         from worldmodel.model import WorldModel
         cfg = self.cfg
         model = WorldModel.from_state(publication["desc"], publication["version"], publication["state"])
+        check_world_model_aux(model.aux_dim, cfg)  # also checked at startup; here no publication slips past it
         return ImaginedEnv(model, cfg.imagination.num_envs, horizon=cfg.wm.horizon,
                            max_disagreement=cfg.wm.max_disagreement, seed=cfg.run.seed * 1000 + worker_id)
 

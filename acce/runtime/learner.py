@@ -27,6 +27,10 @@ def collate(segments: Sequence[Segment], stamp: str | None = None) -> dict[str, 
     b, t = len(segments), len(segments[0])
     if any(len(s) != t for s in segments):
         raise ValueError("segments in one batch must have the same length")
+    odd = [s for s in segments if set(s.obs) != set(segments[0].obs)]  # else keys of segment 0 win: "aux" dropped
+    if odd:
+        raise ValueError(f"segments in one batch must carry the same obs keys: {sorted(segments[0].obs)} vs "
+                         f"{sorted(odd[0].obs)} ({odd[0].source}); imagined 'aux' needs a world-model aux head")
     obs = {k: np.concatenate([s.obs[k] for s in segments]) for k in segments[0].obs}
     inputs = {**obs, INSTRUCTION_KEY: [i for s in segments for i in s.instruction],
               TASK_ID_KEY: np.concatenate([s.task_id for s in segments]),
