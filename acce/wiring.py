@@ -281,8 +281,10 @@ class _ImaginedEnvFactory:
         cfg = self.cfg
         model = WorldModel.from_state(publication["desc"], publication["version"], publication["state"])
         check_world_model_aux(model.aux_dim, cfg)  # also checked at startup; here no publication slips past it
+        # obs["aux"] exactly when the sim envs record it (_RolloutEnvFactory): one batch's segments share keys
         return ImaginedEnv(model, cfg.imagination.num_envs, horizon=cfg.wm.horizon,
-                           max_disagreement=cfg.wm.max_disagreement, seed=cfg.run.seed * 1000 + worker_id)
+                           max_disagreement=cfg.wm.max_disagreement, seed=cfg.run.seed * 1000 + worker_id,
+                           aux_labels=cfg.policy.critic == "privileged")
 
 
 def imagined_env_factory(cfg):

@@ -11,7 +11,8 @@ A fresh branch shows the real start observation itself, not its reconstruction, 
 it (pixels the model does not change are copied from the start frame; see worldmodel/nets.py ConvDecoder).
 A model with an aux head adds obs["aux"] (B, P) float32 to every observation, as a sim env built with aux labels
 does: the head's prediction from the latent, the start frame's included (so a branch's labels come from one source),
-which a privileged critic (policy.critic=privileged) reads to value imagined states.
+which a privileged critic (policy.critic=privileged) reads to value imagined states. `aux_labels=False` leaves it out
+(a run whose sim envs record no labels: the segments of one batch must carry the same keys).
 
 Weight swaps (`load_weights`) take the same lock as `step` and `observe`, so a batch is computed entirely with one
 version. At a swap the current observations are decoded with the old weights, then re-encoded with the new ones:
@@ -69,11 +70,15 @@ class ImaginedEnv:
     def __init__(self, model: WorldModel, num_envs: int, *, horizon: int | None = None,
                  max_disagreement: float | None = None, wm_version: int | None = None,
                  start_episodes: Iterable[Episode | EpisodeArrays] = (), seed: int = 0, device: str = "cpu",
-                 episode_seeds: Iterator[int] | None = None):
+                 episode_seeds: Iterator[int] | None = None, aux_labels: bool | None = None):
         """episode_seeds: the seeds (start-state picks) of the branches that begin after reset, in order, as the
-        Evaluator gives a simulator; default: drawn from `seed`."""
+        Evaluator gives a simulator; default: drawn from `seed`. aux_labels: emit obs["aux"] (None: whenever the
+        model has an aux head; True needs one)."""
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
+        if aux_labels and not model.aux_dim:
+            raise ValueError("ImaginedEnv(aux_labels=True) needs a world model with an aux head (aux_dim > 0)")
+        self.aux_labels = bool(model.aux_dim) if aux_labels is None else bool(aux_labels)
         model.require_stats()
         self.model = model.to(device).eval()
         self.device = device
@@ -117,7 +122,7 @@ class ImaginedEnv:
         obs = {**split_cameras(images, self.camera_names), STATE_KEY: np.stack([ep.state[t] for ep, t in picks])}
         with torch.no_grad():
             z = self.model.encode({**obs, INSTRUCTION_KEY: [ep.instruction for ep, _ in picks]})
-            if self.model.aux_dim:
+            if self.aux_labels:
                 obs[AUX_KEY] = self.model.aux(z).cpu().numpy().astype(np.float32)
         idx = list(slots)
         self._z[idx] = z
@@ -165,7 +170,8 @@ class ImaginedEnv:
     def _render(self, idx: list[int]) -> None:
         if idx:
             for k, v in self.model.decode(self._z[idx], {k: c[idx] for k, c in self._context.items()}).items():
-                self._obs[k][idx] = v
+                if k in self._obs:  # (decode's "aux" is left out when aux_labels is off)
+                    self._obs[k][idx] = v
             self._dirty[idx] = False
 
     def _row(self, i: int) -> Obs:

@@ -117,6 +117,12 @@ def test_imagined_env_emits_aux_only_with_a_head():
     step = env.step(np.zeros((3, 4), np.float32))  # horizon 2: every branch ends, final rows carry aux too
     assert all(row[AUX_KEY].shape == (P,) and row[AUX_KEY].dtype == np.float32 for row in step.final_obs.values())
     assert AUX_KEY not in ImaginedEnv(tiny_model(), 2, start_episodes=episodes).reset()
+    # like a sim env built without aux labels (a run with the default critic): no obs["aux"] even with a head
+    quiet = ImaginedEnv(model, 2, start_episodes=episodes, horizon=1, aux_labels=False)
+    assert AUX_KEY not in quiet.reset() and AUX_KEY not in quiet.step(np.zeros((2, 4), np.float32)).obs
+    assert all(AUX_KEY not in row for row in quiet.step(np.zeros((2, 4), np.float32)).final_obs.values())
+    with pytest.raises(ValueError, match="aux head"):
+        ImaginedEnv(tiny_model(), 2, aux_labels=True)
 
 
 def test_a_saved_model_keeps_its_aux_head(tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from test_imagination_pipeline import TINY_WM, _local_runtime, _run_until_imagined_consumed
-from test_wm_aux import aux_episode
+from test_wm_aux import aux_episode, aux_model
 from wm_helpers import tiny_model
 
 from acce.config import load
@@ -42,6 +42,23 @@ def test_a_fresh_online_model_gets_an_aux_head_exactly_for_a_privileged_critic()
     first = aux_episode(4, 0)
     assert wiring.wm_trainer_factory(_cfg(*PRIVILEGED, *TINY_WM))(first).model.aux_dim == wiring.sim_aux_dim()
     assert wiring.wm_trainer_factory(_cfg(*TINY_WM))(first).model.aux_dim == 0
+
+
+def test_imagined_envs_carry_aux_exactly_when_the_sim_envs_do():
+    from acce import wiring
+    episodes = [aux_episode(5, k) for k in range(2)]
+    model = aux_model()
+    pub = {"version": 1, "desc": model.describe(), "state": model.state_dict()}
+    env = wiring.imagined_env_factory(_cfg(*PRIVILEGED, *TINY_WM))(1000, pub)
+    env.add_episodes(episodes)
+    assert env.reset()[AUX_KEY].shape == (env.num_envs, wiring.sim_aux_dim())
+    env = wiring.imagined_env_factory(_cfg(*TINY_WM))(1000, pub)  # default critic: sim segments have no aux
+    env.add_episodes(episodes)
+    assert AUX_KEY not in env.reset()
+    plain = tiny_model()
+    with pytest.raises(ConfigError, match="no aux head"):
+        wiring.imagined_env_factory(_cfg(*PRIVILEGED, *TINY_WM))(
+            1000, {"version": 1, "desc": plain.describe(), "state": plain.state_dict()})
 
 
 def test_mixed_batches_give_the_privileged_critic_real_values_for_imagined_states():
