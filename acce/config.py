@@ -325,9 +325,6 @@ class Config:
                               f"runtime.queue_capacity={self.runtime.queue_capacity}; raise the capacity")
         if self.train.stop_at_success > 0 and not self.eval.every_versions:
             raise ConfigError("train.stop_at_success needs periodic evaluation: set eval.every_versions > 0")
-        if self.learner.kl_stop > 0 and self.imagination.enabled:
-            raise ConfigError("learner.kl_stop is not supported with imagination yet (the imagined stream's gate "
-                              "assumes full updates); set learner.kl_stop=0 or imagination.enabled=false")
         if self.train.select_on_val and not self.eval.every_versions:
             raise ConfigError("train.select_on_val chooses among periodic validation evaluations: set "
                               "eval.every_versions > 0 (or train.select_on_val=false)")

@@ -281,12 +281,14 @@ class LocalImagination:
     the recorded episodes, trains within its allowance, publishes to every imagination worker) and then one
     imagination producer. Deterministic."""
 
-    def __init__(self, cfg, server, make_imagined_env, make_wm_trainer, make_latency=None):
+    def __init__(self, cfg, server, make_imagined_env, make_wm_trainer, make_latency=None, start_version: int = 0):
+        """start_version: the learner's version when the run (or its resume) starts, as for the sim gate"""
         icfg, lc = cfg.imagination, cfg.learner
         self.pending: list[Episode] = []
         self.role = WMTrainerRole(make_wm_trainer, icfg, take=self._take_pending, publish=self._offer)
         n_imagined = icfg.imagined_per_batch(lc.batch_segments)
-        self.gate = StalenessGate(n_imagined, lc.steps_per_update, lc.max_staleness)
+        # told what every update reached by the learner consumer, like the sim gate (learner.kl_stop)
+        self.gate = StalenessGate(n_imagined, lc.steps_per_update, lc.max_staleness, start_version)
         self.queue = RolloutQueue(icfg.queue_capacity)
         self.workers = [ImaginationWorker(make_imagined_env, server, worker_id=IMAGINATION_WORKER_ID0 + w,
                                           gate=self.gate, **rollout_kwargs(cfg),

@@ -34,8 +34,8 @@ class LocalRuntime:
                                       timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7,
                                       ship_features=cfg.learner.train_scope == "residual")
         self.weights = WeightStore()
-        self.imagination = LocalImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency) \
-            if cfg.imagination.enabled else None
+        self.imagination = LocalImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency,
+                                            start_version=learner.version) if cfg.imagination.enabled else None
         if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
             make_env = self.imagination.wrap_env_factory(make_env)
         envs = [make_env(w) for w in range(cfg.rollout.num_workers)]
@@ -48,7 +48,9 @@ class LocalRuntime:
             self.imagination.attach_sim_gate(self.gate)
         # on_episode runs right after each turn, as the curriculum the envs sample from must see episodes in order
         self.producers = [RolloutProducer(w, self._put, on_episode=on_episode) for w in self.workers]
-        self.consumer = LearnerConsumer(learner, self._take, self._publish, self.gate,
+        # both streams' gates hear what every update reached (an early-stopped one takes fewer steps)
+        gates = [self.gate] + ([self.imagination.gate] if self.imagination is not None else [])
+        self.consumer = LearnerConsumer(learner, self._take, self._publish, gates,
                                         mix=self.imagination.mixer.metrics if self.imagination is not None else None,
                                         max_version=cfg.train.max_versions)
         self._turn = 0

@@ -147,8 +147,10 @@ class BuildWMTrainer:
 class RayImagination:
     """Creates, starts, watches and drains the imagination roles for RayRuntime."""
 
-    def __init__(self, cfg, server_name: str, make_imagined_env, make_wm_trainer, make_latency=None):
-        """server_name: the run's inference server actor; this run's own actors are named next to it."""
+    def __init__(self, cfg, server_name: str, make_imagined_env, make_wm_trainer, make_latency=None,
+                 start_version: int = 0):
+        """server_name: the run's inference server actor; this run's own actors are named next to it;
+        start_version: the learner's version when the run (or its resume) starts, as for the sim gate."""
         icfg, lc, rt = cfg.imagination, cfg.learner, cfg.runtime
         self.cfg, self.timeout_s = cfg, rt.timeout_s
         self.n_imagined = icfg.imagined_per_batch(lc.batch_segments)
@@ -159,8 +161,10 @@ class RayImagination:
         self.queue = Queue(maxsize=icfg.queue_capacity, actor_options={"num_cpus": 0, "name": names["queue"]})
         self.episode_queue = Queue(maxsize=icfg.episode_queue_capacity,
                                    actor_options={"num_cpus": 0, "name": names["episode_queue"]})
+        # the learner reports what every update reached to this gate too, by name (learner.kl_stop)
+        self.gate_name = names["gate"]
         self.gate = ray.remote(StalenessGate).options(num_cpus=0, name=names["gate"]).remote(
-            self.n_imagined, lc.steps_per_update, lc.max_staleness)
+            self.n_imagined, lc.steps_per_update, lc.max_staleness, start_version)
         self.trainer = WMTrainerActor.options(num_cpus=icfg.trainer_cpus, num_gpus=icfg.trainer_gpus,
                                               max_concurrency=2).remote(
             BuildWMTrainer(cfg, make_wm_trainer, self.episode_queue, self.wm_store), rt.torch_threads)

@@ -134,14 +134,15 @@ class BuildSimProducer:
 
 class BuildLearner:
     """The learner consumer over the sim queue (or MixedBatches with imagination), publishing to the weight store
-    and every server in one ray.put, reporting to the named gate."""
+    and every server in one ray.put, reporting to the named gates."""
 
-    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, gate_name: str, mixed=None,
-                 device: str = "cpu"):
-        """device: 'cpu' or 'cuda' (acce.device.role_device), resolved where the actor runs; mixed: imagination on,
-        ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
+    def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, gate_names: tuple[str, ...],
+                 mixed=None, device: str = "cpu"):
+        """gate_names: every stream's gate actor (sim; with imagination also the imagined one), each told what every
+        update reached; device: 'cpu' or 'cuda' (acce.device.role_device), resolved where the actor runs; mixed:
+        imagination on, ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
         self.learner_state, self.cfg, self.queue, self.servers = learner_state, cfg, queue, servers
-        self.weight_store, self.gate_name, self.mixed, self.device = weight_store, gate_name, mixed, device
+        self.weight_store, self.gate_names, self.mixed, self.device = weight_store, tuple(gate_names), mixed, device
 
     def __call__(self, stopped: Callable[[], bool]) -> LearnerConsumer:
         from acce.device import place, resolve_device
@@ -170,6 +171,6 @@ class BuildLearner:
             return batch if len(batch) == n else None
         b, mixed = cfg.learner.batch_segments, self.mixed
         return LearnerConsumer(learner, (lambda: mixed.take(get_sim)) if mixed is not None else (lambda: get_sim(b)),
-                               publish, RemoteGate(named(self.gate_name), t),
+                               publish, [RemoteGate(named(name), t) for name in self.gate_names],
                                mix=mixed.metrics if mixed is not None else None, stamp_wait=True,
                                max_version=cfg.train.max_versions)

@@ -4,7 +4,8 @@
   rollout producers (restartable) --segments--> ray.util.queue.Queue (bounded: put blocks) --> learner consumer
   rollout producers --infer--> InferenceServer actor (threaded: concurrent requests merge into one batch)
   learner --publish (one ray.put, zero-copy)--> WeightStore actor + every InferenceServer (staged, swapped between
-  batches); --consumed--> the gate actor (StalenessGate: async; SyncGate: sync, the same loops)
+  batches); --consumed--> the gate actor (StalenessGate: async; SyncGate: sync, the same loops) and, with
+  imagination, the imagined stream's gate actor
 Every remote wait has a timeout (runtime.timeout_s) and fails loudly instead of hanging.
 """
 from __future__ import annotations
@@ -52,14 +53,16 @@ class RayRuntime:
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls, gate_args = gate_spec(cfg, total_envs, learner.version)
         self.gate = ray.remote(gate_cls).options(num_cpus=0, name=self.names["gate"]).remote(*gate_args)
-        self.imagination = RayImagination(cfg, self.names["server"], make_imagined_env, make_wm_trainer, make_latency) \
-            if cfg.imagination.enabled else None
+        self.imagination = RayImagination(cfg, self.names["server"], make_imagined_env, make_wm_trainer, make_latency,
+                                          learner.version) if cfg.imagination.enabled else None
         if self.imagination is not None:  # sim workers record real episodes for the world-model trainer
             make_env = self.imagination.wrap_env_factory(make_env)
         mixed = self.imagination.batches(self.gate) if self.imagination is not None else None
+        # the learner tells every stream's gate what each update reached (learner.kl_stop may end one early)
+        gate_names = (self.names["gate"],) + ((self.imagination.gate_name,) if self.imagination is not None else ())
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=learner_gpus,
                                             max_concurrency=2).remote(
-            BuildLearner(learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, self.names["gate"],
+            BuildLearner(learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, gate_names,
                          mixed, device), rt.torch_threads)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, resources=dict(rt.worker_resources),
                                             max_concurrency=2).remote(

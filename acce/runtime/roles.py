@@ -263,17 +263,19 @@ class RolloutProducer:
 
 class LearnerConsumer:
     """Role: takes a batch (`take() -> list | None`, None: not ready or stopping), updates, publishes
-    (`publish(version, trainable_state)`), and tells the gate what the update reached (`gate.consumed`).
+    (`publish(version, trainable_state)`), and tells every gate what the update reached (`gate.consumed`).
 
     mix(batch, version) adds the source-mixing metrics when batches mix sources. Holds `lock` while it updates and
     publishes: a snapshot (checkpoint, evaluation) never sees a half-applied optimizer step."""
 
     def __init__(self, learner, take: Callable[[], "list | None"], publish: Callable[[int, Any], None], gate, *,
                  mix: Callable[[list, int], dict] | None = None, stamp_wait: bool = False, max_version: int = 0):
-        """stamp_wait: write queue/learner_wait_s into each update (Ray, where the learner waits on other
+        """gate: a gate, or a sequence of gates (imagination: the sim and the imagined stream's), each told what every
+        update reached; stamp_wait: write queue/learner_wait_s into each update (Ray, where the learner waits on other
         processes; the local runtime never waits); max_version: take no batch once the learner's version is there
         (train.max_versions; 0 = no cap), so a learner that runs ahead of the driver's polls stops at the budget"""
-        self.learner, self.take, self.publish_fn, self.gate = learner, take, publish, gate
+        self.learner, self.take, self.publish_fn = learner, take, publish
+        self.gates = tuple(gate) if isinstance(gate, (list, tuple)) else (gate,)
         self.mix, self.stamp_wait, self.max_version = mix, stamp_wait, int(max_version)
         self.updates0 = learner.updates  # a resumed learner has updates before this run's gate existed
         self.lock = threading.Lock()
@@ -306,8 +308,10 @@ class LearnerConsumer:
                 upd["queue/learner_wait_s"] = self.wait_s
             self.updates.append(upd)
             self.publish()
-            # what the update really reached (learner.kl_stop may end it early); a SyncGate opens the next round
-            self.gate.consumed(self.learner.updates - self.updates0, self.learner.version)
+            # what the update really reached (learner.kl_stop may end it early); a SyncGate opens the next round.
+            # Every stream's gate: one left out would predict full updates and stall its producers.
+            for gate in self.gates:
+                gate.consumed(self.learner.updates - self.updates0, self.learner.version)
             self.busy_s += time.perf_counter() - t1
         return True
 
