@@ -50,7 +50,7 @@ def cmd_collect(args) -> int:
     from acce.collect import collect, format_summary
     from acce.store.episodes import EpisodeStore
     from acce.store.schema import StoreSchema
-    from acce.wiring import make_sim_env
+    from acce.wiring import make_sim_env, sim_aux_dim
 
     extra = []
     if args.task:
@@ -59,6 +59,8 @@ def cmd_collect(args) -> int:
         value = getattr(args, flag)
         if value is not None:
             extra.append(f"collect.{flag}={value}")
+    if args.aux_labels:
+        extra.append("collect.aux_labels=true")
     cfg = _load(args, extra)
     c = cfg.collect
     if args.import_lerobot:  # the store takes the dataset's schema, mapped by dataset.* (import_lerobot creates it)
@@ -80,12 +82,14 @@ def cmd_collect(args) -> int:
         spec = probe.env_spec
     finally:
         probe.close()
-    store = EpisodeStore.open_or_create(c.out, **StoreSchema.fields_for(spec))
+    store = EpisodeStore.open_or_create(c.out, **StoreSchema.fields_for(
+        spec, aux_dim=sim_aux_dim() if c.aux_labels else 0))
     before = len(store)
 
     def make_env(tasks, num_envs, **kw):
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks}, **kw)
+                            task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks},
+                            aux_labels=c.aux_labels, **kw)
 
     with store.removed_if_failed_empty():  # a failed run leaves no empty store to block its corrected retry
         summary = collect(c, make_env, store, seed=cfg.run.seed)
@@ -204,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of episodes recorded with noise")
     p.add_argument("--seeds", choices=("train", "test"), default=None, help="layout seed range")
     p.add_argument("--num-envs", dest="num_envs", type=int, default=None, help="envs stepped together")
+    p.add_argument("--aux-labels", dest="aux_labels", action="store_true",
+                   help="also record the sim's privileged aux labels (frames/aux): a world model pretrained on the "
+                        "store then gets the aux head that policy.critic=privileged needs (collect.aux_labels)")
     p.add_argument("--export-lerobot", dest="export_lerobot", default=None, metavar="DIR",
                    help="after collecting, export the whole store to a LeRobotDataset v3 directory")
     p.add_argument("--import-lerobot", dest="import_lerobot", default=None, metavar="DIR",

@@ -94,6 +94,10 @@ class CollectConfig:
     """envs stepped together while recording"""
     out: str = "data/episodes.zarr"
     """zarr episode store; appended to when it exists with the same schema"""
+    aux_labels: bool = False
+    """also record the sim's privileged aux labels (obs["aux"]: the instruction's object and goal xy) as frames/aux.
+    A world model pretrained on such a store gets an aux head, which policy.critic=privileged needs to value
+    imagined states (acce/wiring.py check_world_model_aux); a store keeps one layout, so appending needs the same"""
 
     def __post_init__(self) -> None:
         if self.policy != "expert":
@@ -106,6 +110,9 @@ class CollectConfig:
             raise ConfigError(f"collect.instruction_split must be 'train' or 'heldout', got {self.instruction_split!r}")
         if not 0.0 <= self.noisy_fraction <= 1.0 or self.noise_std < 0:
             raise ConfigError("collect.noisy_fraction must be in [0, 1] and collect.noise_std >= 0")
+        unlabelled = [t for t in self.tasks if not has_aux_labels(t)]
+        if self.aux_labels and unlabelled:
+            raise ConfigError(f"collect.aux_labels: the sim has no aux labels for {unlabelled}; record them without")
 
 
 @dataclass(frozen=True)

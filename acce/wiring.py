@@ -231,8 +231,8 @@ def check_world_model_aux(aux_dim: int, cfg, where: str = "the world model") -> 
     have = f"an aux head of width {aux_dim}" if aux_dim else "no aux head"
     raise ConfigError(f"policy.critic=privileged reads obs['aux'] ({sim_aux_dim()} privileged labels), but {where} has "
                       f"{have}, so imagined states would have none: pretrain on episodes recorded with aux labels (a "
-                      "store with frames/aux, e.g. BC demos with bc.aux_loss_coef > 0), or leave "
-                      "imagination.wm_init_from empty to train one online, or use policy.critic=trunk")
+                      "store with frames/aux: `acce collect --aux-labels`, or BC demos with bc.aux_loss_coef > 0), or "
+                      "leave imagination.wm_init_from empty to train one online, or use policy.critic=trunk")
 
 
 class _WMTrainerFactory:

@@ -64,7 +64,8 @@ def pretrain(data_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: WMCo
     aux_dim = int(desc.get("aux_dim") or 0)
     if not aux_dim:
         print(f"wm-pretrain: {data_path} has no aux labels (frames/aux): the world model gets no aux head, so "
-              "policy.critic=privileged cannot use it for imagination", flush=True)
+              "policy.critic=privileged cannot use it for imagination (record with `acce collect --aux-labels`)",
+              flush=True)
     with torch.random.fork_rng():  # seeded init without moving the caller's global RNG
         torch.manual_seed(cfg.seed)
         model = WorldModel(cfg, state_dim=desc["state_dim"], action_dim=desc["action_dim"],
