@@ -4,7 +4,8 @@ Three arms share one behavior-cloning warm start (version 0) and the same RL bud
   model_free  - simulator experience only;
   online      - plus imagination workers on a world model trained online from scratch on the run's real episodes;
   pretrained  - the same, starting from a world model pretrained offline (`acce wm-pretrain`) on an episode store
-                recorded by `acce collect` (expert + noisy trajectories).
+                recorded by `acce collect` (expert + noisy trajectories; with `--aux-labels` when the preset's critic
+                is privileged, so that the model gets the aux head that values imagined states).
 Every arm evaluates on test seeds with held-out paraphrases every eval.every_versions learner versions and stops when every
 task is at or above `target` (train.stop_at_success). Steps-to-target per task is the env-step count of the first
 evaluation at or above the target; a run that never gets there is censored at its budget (reported as None, and
@@ -127,12 +128,14 @@ def steps_to_model_free_final(runs: dict[str, list[dict[str, Any]]], tasks: list
 
 
 # --- world-model quality --------------------------------------------------------------------------------------------
-def record_heldout(config: str | None, tasks: list[str], episodes: int, out: Path) -> Path:
+def record_heldout(config: str | None, tasks: list[str], episodes: int, out: Path, aux_labels: bool = False) -> Path:
     """Expert + noisy episodes on TEST seeds, recorded by `acce collect`'s own code (the offline data and every RL
-    run use training seeds, so no world model of the bench has seen them)."""
+    run use training seeds, so no world model of the bench has seen them). aux_labels: with the sim's privileged
+    labels, on which wm_eval also scores a model's aux head."""
     from acce.cli import build_parser
     argv = ["collect", *(a for t in tasks for a in ("--task", t)), "--episodes", str(episodes), "--noise-std", "0.3",
             "--noisy-fraction", "0.5", "--seeds", "test", "--out", str(out)] + (["--config", config] if config else [])
+    argv += ["--aux-labels"] if aux_labels else []
     args = build_parser().parse_args(argv)
     if args.fn(args) != 0:
         raise RuntimeError(f"acce {' '.join(argv)} failed")
@@ -146,12 +149,13 @@ def evaluate_model(checkpoint: Path, data: Path, out_json: Path) -> dict[str, An
 
 
 def quality(results: dict[str, Any]) -> dict[str, Any]:
-    """The figures RL depends on from a wm_eval result: per horizon 1/4/16 image PSNR, state RMSE (raw units) and
-    reward MAE; the success head's precision and recall at logit > 0 and its positives."""
+    """The figures RL depends on from a wm_eval result: per horizon 1/4/16 image PSNR, state RMSE (raw units),
+    reward MAE and the aux head's RMSE (m; None without an aux head or labels); the success head's precision and
+    recall at logit > 0 and its positives."""
     out: dict[str, Any] = {}
     for h, r in results["horizons"].items():
         out[f"h{h}"] = {"psnr_db": r.get("image_psnr_db"), "state_rmse": r.get("state_rmse"),
-                        "reward_mae": r.get("reward_mae"), "n": r["n"]}
+                        "reward_mae": r.get("reward_mae"), "aux_rmse": r.get("aux_rmse"), "n": r["n"]}
     head = results["success_head"]
     out.update({"success_precision": head["precision"], "success_recall": head["recall"],
                 "success_positives": head["positives"], "episodes": results.get("episodes"),
@@ -215,6 +219,9 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     base = list(overrides) + [f"run.out_dir={root}"]
     cfg0 = load(config, base)
     tasks, eval_every = list(cfg0.env.tasks), cfg0.eval.every_versions
+    # a privileged critic values imagined states from the world model's aux head: the pretrained model gets one only
+    # from data with aux labels (acce/wiring.py check_world_model_aux)
+    aux_labels = cfg0.policy.critic == "privileged"
     eval_episodes = eval_episodes or cfg0.eval.episodes_per_task
     if eval_every <= 0:
         raise ValueError("acce bench wm measures steps to a success level with periodic evaluation: set "
@@ -231,6 +238,7 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
         if not data.exists():  # expert + noisy trajectories on the benchmark's tasks (docs/design.md §7)
             argv = ["collect", *(a for t in tasks for a in ("--task", t)), "--episodes", str(offline_episodes),
                     "--noise-std", "0.3", "--noisy-fraction", "0.5", "--out", str(data)]
+            argv += ["--aux-labels"] if aux_labels else []
             if config:
                 argv += ["--config", config]
             if acce_main(argv) != 0:
@@ -244,7 +252,7 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     if any(a in WM_ARMS for a in arms):  # the held-out real episodes every world model is evaluated on
         heldout = root / "heldout_test.zarr"
         if not heldout.exists():
-            record_heldout(config, tasks, heldout_episodes, heldout)
+            record_heldout(config, tasks, heldout_episodes, heldout, aux_labels)
     if "pretrained" in arms:
         quality_of["pretrained_before_rl"] = quality(
             json.loads((wm_dir / "wm_eval.json").read_text()) if (wm_dir / "wm_eval.json").is_file()

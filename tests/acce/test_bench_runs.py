@@ -207,9 +207,13 @@ def test_steps_to_target_and_censoring():
     assert table["online/reach"]["wall_to_target_s_mean"] == pytest.approx(13.0)
 
 
+TWO_TASKS = ["env.tasks=[reach,push]"]
+"""the preset benchmarks push alone; two tasks exercise the per-task tables"""
+
+
 def load_cfg():
     from acce.config import load
-    return load("configs/bench_wm.yaml", ["imagination.num_workers=0", "imagination.imagined_fraction=0"])
+    return load("configs/bench_wm.yaml", TWO_TASKS + ["imagination.num_workers=0", "imagination.imagined_fraction=0"])
 
 
 def _fake_wm_eval(recall_of):
@@ -228,17 +232,19 @@ def fake_quality(monkeypatch):
     """No held-out recording (it would run the simulator); wm_eval results from _fake_wm_eval: recall 0.25 for the
     pretrained model before RL, 0.5 for an online run's and 0.75 for a pretrained run's model at its end."""
     recorded = []
-    monkeypatch.setattr(wm_bench, "record_heldout", lambda config, tasks, n, out: recorded.append((tasks, n)) or out)
+    monkeypatch.setattr(wm_bench, "record_heldout", lambda config, tasks, n, out, aux_labels=False:
+                        recorded.append((tasks, n, aux_labels)) or out)
     monkeypatch.setattr(wm_bench, "evaluate_model", _fake_wm_eval(
         lambda ckpt: 0.25 if "wm_pretrained" in ckpt else 0.75 if "pretrained_s" in ckpt else 0.5))
     return recorded
 
 
 def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake_quality):
-    calls = []
+    calls, argvs = [], []
 
     def fake_main(argv):
         calls.append(argv[0])
+        argvs.append(argv)
         if argv[0] == "wm-pretrain":
             out = tmp_path / "wm_pretrained"
             out.mkdir()
@@ -255,9 +261,11 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake
     (tmp_path / "model_free_s1").mkdir()  # finished by an interrupted bench: reused, not run again
     (tmp_path / "model_free_s1" / "summary.json").write_text(json.dumps(
         {**outcome(load_cfg()), "history": _history((0, 0.5, 0.5), (4000, 0.85, 0.9))}))
-    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", [], seeds=(0, 1), warm_start="ws.pt",
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0, 1), warm_start="ws.pt",
                                 workdir=str(tmp_path))
     assert calls == ["collect", "wm-pretrain"]
+    # the preset's critic is privileged: the offline data carries aux labels, so the pretrained model gets an aux head
+    assert "--aux-labels" in argvs[0] and fake_quality[0][2]
     assert len(fake_trainer.made) == 3 * 2 - 1  # no warm start trained (one was given), one run reused
     # the arms take turns going first: seed 0 model-free first, seed 1 online first (model_free_s1 was reused)
     assert [c.run.name for c in fake_trainer.made] == ["model_free_s0", "online_s0", "pretrained_s0", "online_s1",
@@ -338,16 +346,17 @@ def test_wm_bench_reports_model_quality_and_budgets(fake_trainer, monkeypatch, t
                 "history": _history((0, 0.5, 0.5), (fast, 0.85, 0.9)),
                 "eval": {"reach/test": {"success_rate": 0.85}, "push/test": {"success_rate": 0.9}}}
     fake_trainer.outcome = staticmethod(outcome)
-    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", [], seeds=(0, 1), warm_start="ws.pt", workdir=str(tmp_path),
-                                budgets=(1000, 4000))
-    assert fake_quality == [(["reach", "push"], wm_bench.HELDOUT_EPISODES)]  # recorded once, on the bench's tasks
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0, 1), warm_start="ws.pt",
+                                workdir=str(tmp_path), budgets=(1000, 4000))
+    # recorded once, on the bench's tasks, with aux labels (the preset's critic is privileged)
+    assert fake_quality == [(["reach", "push"], wm_bench.HELDOUT_EPISODES, True)]
     q = out["model_quality"]
     assert "test seeds" in q["held_out"] and "model_free" not in q
     assert q["pretrained"]["before_rl"]["success_recall"] == 0.25
     assert q["online"]["end_of_run"]["success_recall"] == 0.5 and q["online"]["end_of_run"]["models"] == 2
     assert q["pretrained"]["end_of_run"]["success_recall"] == 0.75
     assert q["online"]["end_of_run"]["h16"] == {"psnr_db": 14.0, "state_rmse": 0.16, "reward_mae": pytest.approx(1.6),
-                                                "n": 10}
+                                                "aux_rmse": None, "n": 10}
     assert all((tmp_path / f"online_s{s}" / "wm_eval.json").is_file() for s in (0, 1))  # kept for a rerun
     assert [r["model_quality"]["success_recall"] for r in out["runs"]["online"]] == [0.5, 0.5]
     # budgets: at 1,000 model-free reads its 4,000-step evaluation (0.875), pretrained its 1,000-step one
