@@ -175,3 +175,18 @@ def test_a_local_run_with_imagination_keeps_training_through_early_stopped_updat
     assert mixed[-1] >= len(updates) - 4
     assert max(u["staleness/max"] for u in updates) <= MAX_STALENESS and learner.excluded_segments == 0
     assert max(u["staleness/mean/imagined"] for u in updates if "staleness/mean/imagined" in u) <= MAX_STALENESS
+
+
+@pytest.mark.slow
+def test_a_ray_run_with_imagination_keeps_consuming_imagined_segments_through_early_stopped_updates(tmp_path,
+                                                                                                  ray_cluster):
+    """The Ray placement: the learner actor reports to both gate actors by name. configs/debug_wm.yaml's 40 versions
+    are 40 updates here, each stopped after 1 of its 4 steps; without the report imagination never got a segment in."""
+    import json
+
+    from acce.cli import main
+    assert main(["train", "--config", "configs/debug_wm.yaml", f"run.out_dir={tmp_path}", "run.name=kl", "--quiet",
+                 *KL_STOP]) == 0
+    summary = json.loads((tmp_path / "kl" / "summary.json").read_text())
+    assert summary["learner_version"] >= 40 and summary["imagination"]["queue/consumed/imagined"] >= 5
+    assert summary["staleness_max"] <= MAX_STALENESS
