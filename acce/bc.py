@@ -95,6 +95,24 @@ class DemoDataset:
         self.masks = np.concatenate([self.masks, np.stack(masks)])
         self.prefixes = np.concatenate([self.prefixes, np.stack(prefixes).astype(np.float32)])
 
+    def add_aux_frames(self, obs: dict[str, Any], task_ids: np.ndarray) -> None:
+        """Append frames that train only the aux head (bc.aux_frames): obs holds the episodes' observation keys batched
+        (N, ...) plus "instruction" (N strings); their action masks are all False, so the action loss ignores them.
+        The aux standardization stays the demos'."""
+        if AUX_KEY not in self.obs_arrays:
+            raise ValueError("aux frames train the aux head: the demos must carry aux labels too (bc.aux_loss_coef > 0)")
+        missing = set(self.obs_arrays) - set(obs)
+        if missing:
+            raise ValueError(f"aux frames lack the demos' observation keys {sorted(missing)}")
+        n = len(obs[INSTRUCTION_KEY])
+        for key in self.obs_arrays:
+            self.obs_arrays[key] = np.concatenate([self.obs_arrays[key], np.asarray(obs[key])[:n]])
+        self.instructions += list(obs[INSTRUCTION_KEY])
+        self.task_ids += [int(t) for t in task_ids]
+        self.targets = np.concatenate([self.targets, np.zeros((n, self.H, self.A), np.float32)])
+        self.masks = np.concatenate([self.masks, np.zeros((n, self.H), bool)])
+        self.prefixes = np.concatenate([self.prefixes, np.zeros((n, self.D, self.A), np.float32)])
+
     def __len__(self) -> int:
         return len(self.instructions)
 

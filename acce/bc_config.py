@@ -37,6 +37,11 @@ class BCConfig:
     privileged positions of the instruction's object and goal (obs["aux"]), and an aux head on the trunk's action
     query regresses them (standardized) during cloning. They are targets only, never inputs, so the policy still
     acts from pixels; it makes the encoder localize what the instruction names"""
+    aux_frames: int = 0
+    """extra frames for the aux head alone (0 = none; needs aux_loss_coef > 0): training-seed layouts just after reset
+    and a few random actions, labelled by the simulator's privileged positions, with no action target. In a demo
+    the arm is already heading for the goal, so an aux head can read the goal off the arm instead of the image
+    (docs/decisions.md); here the arm says nothing about it. No expert is involved: only demos are scarce"""
     random_delay_steps: int = 0
     """clone every decision at a latency d drawn uniformly from 0 … this many control steps, with the delay-aware
     inputs (d and the committed prefix) a policy sees at that latency; 0 = every decision at d = 0. A warm start for
@@ -62,6 +67,9 @@ class BCConfig:
             raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
         if not self.aux_loss_coef >= 0:
             raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
+        if self.aux_frames < 0 or (self.aux_frames and not self.aux_loss_coef > 0):
+            raise ConfigError(f"bc.aux_frames={self.aux_frames}: give a count >= 0, and bc.aux_loss_coef > 0 to use "
+                              "them (they train only the aux head)")
         if not self.max_wall_s >= 0:
             raise ConfigError(f"bc.max_wall_s must be >= 0 seconds (0 = no time budget), got {self.max_wall_s}")
         if self.lr_schedule not in ("cosine", "constant"):

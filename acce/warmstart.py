@@ -12,6 +12,7 @@ import numpy as np
 from acce.config import Config
 from acce.metrics import Metrics
 from acce.policy.build import build_policy
+from acce.types import INSTRUCTION_KEY, TASK_ID_KEY
 
 
 def env_states(cfg: Config, steps: int = 200) -> np.ndarray:
@@ -28,6 +29,37 @@ def env_states(cfg: Config, steps: int = 200) -> np.ndarray:
         env.step(rng.uniform(-1, 1, (env.num_envs, env.action_dim)).astype(np.float32), render=False)
     env.close()
     return np.concatenate(states)
+
+
+AUX_FRAME_WALK_STEPS = 4
+"""random actions after each reset of bc.aux_frames, one frame before each: the arm stays near where the reset put
+it, which says nothing about where the goal is"""
+
+
+def aux_frames(make_env, cfg: Config, n: int, progress: bool = False) -> tuple[dict[str, Any], np.ndarray]:
+    """n frames with aux labels from fresh training-seed layouts (bc.aux_frames): reset, then a frame before each of
+    AUX_FRAME_WALK_STEPS uniform random actions, in cfg.env.num_envs envs. Returns batched obs and task ids."""
+    from tqdm import tqdm
+    env = make_env(list(cfg.env.tasks), cfg.env.num_envs, seed=cfg.run.seed + 7919)  # layouts apart from the demos'
+    rng = np.random.default_rng(cfg.run.seed + 7919)
+    parts: list[dict[str, Any]] = []
+    bar = tqdm(total=n, desc="aux frames", unit="frame", disable=not progress, dynamic_ncols=True)
+    got = 0  # (a disabled tqdm bar counts nothing)
+    try:
+        while got < n:
+            obs = env.reset()
+            for _ in range(AUX_FRAME_WALK_STEPS):
+                parts.append(obs)
+                bar.update(min(env.num_envs, n - got))
+                got += env.num_envs
+                obs = env.step(rng.uniform(-1, 1, (env.num_envs, env.action_dim)).astype(np.float32)).obs
+    finally:
+        bar.close()
+        env.close()
+    out = {k: (sum((list(p[k]) for p in parts), []) if k == INSTRUCTION_KEY else np.concatenate([p[k] for p in parts]))
+           for k in parts[0]}
+    out = {k: v[:n] for k, v in out.items()}
+    return out, out.pop(TASK_ID_KEY)
 
 
 def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, place=lambda policy: policy):
@@ -60,6 +92,9 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
                        spec.action_dim, random_delay_steps=cfg.bc.random_delay_steps, seed=cfg.run.seed,
                        min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs)
+    if cfg.bc.aux_frames:
+        obs, task_ids = aux_frames(make_env, cfg, cfg.bc.aux_frames, progress=progress)
+        data.add_aux_frames(obs, task_ids)
     policy = place(build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec))
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
