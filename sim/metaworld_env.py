@@ -236,6 +236,9 @@ class MetaWorldEnv(gym.Env):
         # One generator for everything random: Meta-World samples the variation from ours.
         self._env.np_random = self.np_random
         self._mw_obs, _ = self._env.reset()
+        # Meta-World moves the goal site in the model but leaves the derived world positions stale until its next
+        # step: without this the reset frame shows the previous episode's goal (docs/decisions.md)
+        mujoco.mj_forward(self._env.model, self._env.data)
         self._steps = 0
         self._needs_reset = False
         return self.observe(), {"task": self.task_name, "task_id": self.task_id, "success": False}

@@ -110,15 +110,14 @@ def test_goal_marker_is_visible_at_64_pixels_and_follows_the_goal():
         goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
         assert model.site_size[goal][0] == GOAL_MARKER_RADIUS_M and model.site_rgba[goal][3] == 1.0
         centres = []
-        for seed in (1, 2, 3):
+        for seed in range(10):  # each episode's first frame: Meta-World left it showing the previous goal
             obs, _ = env.reset(seed=seed)
             for cam in ("front", "top"):
                 assert _green(obs[f"image/{cam}"]).sum() >= 4, (seed, cam)
             ys, xs = np.nonzero(_green(obs["image/top"]))
             centres.append((xs.mean(), ys.mean(), obs["aux"][0]))
-        # in the top view the marker's column follows the goal's x (m; topview faces the robot, so image right is
-        # world -x): different goals, different pixels
+        # in the top view the marker's column follows the goal's x (m): different goals, different pixels
         xs = np.array([c[0] for c in centres]); gx = np.array([c[2] for c in centres])
-        assert np.ptp(xs) > 1.0 and np.corrcoef(xs, gx)[0, 1] < -0.9
+        assert np.ptp(xs) > 1.0 and np.corrcoef(xs, gx)[0, 1] > 0.9
     finally:
         env.close()
