@@ -6,7 +6,8 @@ Three arms share one behavior-cloning warm start (version 0) and the same RL bud
   pretrained  - the same, starting from a world model pretrained offline (`acce wm-pretrain`) on an episode store
                 recorded by `acce collect` (expert + noisy trajectories; with `--aux-labels` when the preset's critic
                 is privileged, so that the model gets the aux head that values imagined states).
-Every arm evaluates on test seeds with held-out paraphrases every eval.every_versions learner versions and stops when every
+Every arm evaluates on validation seeds with held-out paraphrases every eval.every_versions learner versions (its final on
+test seeds) and stops when every
 task is at or above `target` (train.stop_at_success). Steps-to-target per task is the env-step count of the first
 evaluation at or above the target; a run that never gets there is censored at its budget (reported as None, and
 ratios use the budget as a lower bound, marked `censored`). Real env steps are the ones the learner consumed and
@@ -310,4 +311,5 @@ def _plot(result: dict[str, Any], path: str) -> None:
                 ys = [p.get(f"eval/success/{task}/val", np.nan) for p in r["curve"]]
                 ax.plot(xs, ys, "o-", ms=3, color=colors.get(arm), alpha=0.7, label=arm if k == 0 else None)
         ax.axhline(result["target"], color="k", lw=0.8, ls=":")
-    plot_per_task(result["tasks"], draw, path, "real env steps consumed by the learner")
+    plot_per_task(result["tasks"], draw, path, "real env steps consumed by the learner",
+                  ylabel="held-out success (validation seeds)")
