@@ -180,9 +180,18 @@ def cmd_bench(args) -> int:
     from acce.bench import run_bench
     if args.name == "headline":  # no run: recompute a written bench JSON's headline from its recorded runs
         from acce.bench.headline import recompute
-        if not args.in_path:
-            raise ValueError("acce bench headline needs --in bench/F.json (a bench delay, wm, rl or throughput result)")
-        print(json.dumps(recompute(args.in_path, args.out), indent=2))
+        if not args.in_path or len(args.in_path) != 1:
+            raise ValueError("acce bench headline needs one --in bench/F.json (a bench delay, wm, rl or throughput "
+                             "result)")
+        print(json.dumps(recompute(args.in_path[0], args.out), indent=2))
+        return 0
+    if args.name == "merge":  # no run: several bench rl results (different tasks) into one file
+        from acce.bench.merge import merge_rl
+        if not args.out:
+            raise ValueError("acce bench merge needs --out bench/rl.json (the merged result)")
+        doc = merge_rl(args.in_path or [], args.out, args.plot)
+        print(json.dumps(doc["headline"], indent=2))
+        print(f"wrote {args.out}")
         return 0
     cfg = _load(args)
     run_bench(args.name, cfg, args, args.out)
@@ -243,9 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run a benchmark, write JSON (--out) and print a table")
     p.add_argument("name", help="benchmark: sim | experts | throughput | delay | wm | rl | ppo-reference | serve; "
-                   "or headline (recompute --in's headline)")
-    p.add_argument("--in", dest="in_path", default=None, help="[headline] a bench delay / wm / rl / throughput JSON "
-                   "whose headline and seed-level tables are recomputed from its runs (written back, or to --out)")
+                   "or headline (recompute --in's headline), or merge (several bench rl --in files into --out)")
+    p.add_argument("--in", dest="in_path", action="append", default=None,
+                   help="[headline] a bench delay / wm / rl / throughput JSON whose headline and seed-level tables "
+                   "are recomputed from its runs (written back, or to --out); [merge] a bench rl JSON (repeat: each "
+                   "task from one file)")
     p.add_argument("--seeds", type=int, default=3, help="[delay, wm, rl, ppo-reference] training seeds per cell")
     p.add_argument("--workdir", default=None, help="[delay, wm, rl] keep the runs here (default: a temporary folder); "
                    "finished runs found there are reused")

@@ -248,9 +248,13 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
         figures = wm_headline(result)
     else:
         from acce.bench.rl import summarize_task
-        result["tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"]) for t, runs in result["runs"].items()}
+        budget = result["budget_env_steps"]  # one budget, or per task in a merged result (acce bench merge)
+
+        def of(t: str) -> int:
+            return budget[t] if isinstance(budget, dict) else budget
+        result["tasks"] = {t: summarize_task(t, runs, of(t)) for t, runs in result["runs"].items()}
         if result.get("runs_long_tail"):
-            result["long_tail_tasks"] = {t: summarize_task(t, runs, result["budget_env_steps"])
+            result["long_tail_tasks"] = {t: summarize_task(t, runs, of(t))
                                          for t, runs in result["runs_long_tail"].items()}
         figures = rl_headline(result)
     doc = {"bench": name, "machine": doc.get("machine"), "headline": figures,
