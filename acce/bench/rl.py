@@ -178,6 +178,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from acce.plots import _save
     tasks = list(result["tasks"])
@@ -201,6 +202,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
         axes[0][j].set_title(f"{task}: test v0 {row['v0']:.0%} -> {row['final']:.0%}")
+        axes[0][j].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k"))  # 80000s overlap
         axes[0][j].set_xlabel("env steps consumed by the learner")
         axes[1][j].set_xlabel("wall-clock from the first update (s)")
     axes[0][0].set_ylabel("validation success")

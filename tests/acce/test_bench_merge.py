@@ -36,7 +36,9 @@ def test_merge_recomputes_tables_and_headline_from_every_file(tmp_path):
     a.write_text(json.dumps(_doc("reach", reach, 5000)))
     b.write_text(json.dumps(_doc("push", push, 9000, long_tail=push, date="2026-12-03")))
     out = tmp_path / "rl.json"
-    assert main(["bench", "merge", "--in", str(a), "--in", str(b), "--out", str(out)]) == 0
+    plot = tmp_path / "rl.png"
+    assert main(["bench", "merge", "--in", str(a), "--in", str(b), "--out", str(out), "--plot", str(plot)]) == 0
+    assert plot.stat().st_size > 0
     doc = json.loads(out.read_text())
     result = doc["result"]
     assert list(result["tasks"]) == ["reach", "push"]
