@@ -4,7 +4,6 @@ Each benchmark is a function (config, args) -> dict registered in BENCHES; heavy
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -135,10 +134,7 @@ def run_bench(name: str, cfg, args, out: str | None) -> dict:
     if "headline" in result:
         print(format_table({"headline": result["headline"]}))
     if out:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(path)
-        print(f"wrote {path}")
+        from acce.bench.headline import write_doc
+        write_doc(Path(out), result)
+        print(f"wrote {out}")
     return result

@@ -22,6 +22,10 @@ from typing import Any
 
 import numpy as np
 
+OLD_COUNTING = ("env_steps: produced by actors; wall_s: from the runtime's start (start-up included); written before "
+                "acce/bench/fair.py")
+"""what a bench result written before the benches counted consumed steps measured"""
+
 
 def _figure(out: dict[str, Any], key: str, value: float | None, reason: str | None = None) -> None:
     out[key] = value
@@ -229,8 +233,7 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
     if name not in ("delay", "wm", "rl", "throughput") or not isinstance(result, dict):
         raise ValueError(f"--in {path}: not a bench delay / wm / rl / throughput result (bench={name!r})")
     if name != "throughput":  # a file written before the benches counted consumed steps says what its numbers are
-        result.setdefault("counting", "env_steps: produced by actors; wall_s: from the runtime's start (start-up "
-                                      "included); written before acce/bench/fair.py")
+        result.setdefault("counting", OLD_COUNTING)
     result.pop("headline", None)
     if name == "throughput":
         if not isinstance(result.get("cases"), dict):
@@ -259,8 +262,13 @@ def recompute(path: str, out: str | None = None) -> dict[str, Any]:
         figures = rl_headline(result)
     doc = {"bench": name, "machine": doc.get("machine"), "headline": figures,
            **{k: v for k, v in doc.items() if k not in ("bench", "machine", "headline")}}
-    target = Path(out) if out else p
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    tmp.replace(target)
+    write_doc(Path(out) if out else p, doc)
     return figures
+
+
+def write_doc(path: Path, doc: dict[str, Any]) -> None:
+    """Write a bench JSON whole or not at all (a temporary file renamed over the target)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(path)

@@ -13,11 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acce.bench.headline import rl_headline
-
-OLD_COUNTING = ("env_steps: produced by actors; wall_s: from the runtime's start (start-up included); written before "
-                "acce/bench/fair.py")
-"""what a result written before the benches counted consumed steps measured (as `acce bench headline` says)"""
+from acce.bench.headline import OLD_COUNTING, rl_headline, write_doc
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -51,13 +47,13 @@ def merge_rl(paths: list[str], out: str, plot: str | None = None) -> dict[str, A
             merged["runs"][task] = runs
             merged["budget_env_steps"][task] = int(result["budget_env_steps"])
             merged["warm_start"][task] = (result.get("warm_start") or {}).get(task)
+            tail = (result.get("runs_long_tail") or {}).get(task)
             merged["sources"][task] = {
                 "file": Path(path).name, "date": machine.get("date"), "cpu_model": machine.get("cpu_model"),
                 "seeds": result.get("seeds"), "budget_env_steps": int(result["budget_env_steps"]),
-                "counting": result.get("counting", OLD_COUNTING),
-                "long_tail": task in (result.get("runs_long_tail") or {})}
-            if task in (result.get("runs_long_tail") or {}):
-                long_runs[task] = result["runs_long_tail"][task]
+                "counting": result.get("counting", OLD_COUNTING), "long_tail": tail is not None}
+            if tail is not None:
+                long_runs[task] = tail
     budget = merged["budget_env_steps"]
     merged["tasks"] = {t: summarize_task(t, runs, budget[t]) for t, runs in merged["runs"].items()}
     if long_runs:
@@ -69,11 +65,7 @@ def merge_rl(paths: list[str], out: str, plot: str | None = None) -> dict[str, A
                                       "cpu_models": sorted({str(m.get("cpu_model")) for m in machines}),
                                       "dates": sorted({str(m.get("date")) for m in machines})},
            "headline": headline, "result": merged}
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    tmp.replace(target)
+    write_doc(Path(out), doc)
     if plot:
         _plot(merged, plot)
     return doc
