@@ -146,18 +146,23 @@ class DemoDataset:
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
              metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0,
              aux_coef: float = 0.0, desc: str = "bc warm start", max_wall_s: float = 0.0,
-             clock=time.perf_counter) -> list[float]:
+             schedule_span: tuple[float, float] = (0.0, 1.0), clock=time.perf_counter) -> list[float]:
     """At most `steps` supervised steps at the optimizer's learning rate, and with max_wall_s > 0 at most that many
     seconds: whichever budget binds first ends the phase, and lr_schedule='cosine' decays the rate to 0 over it (the
     schedule's progress is the larger of the step and the time fraction), so a slower CPU gets a shorter but
-    complete schedule instead of being cut off at a high rate. With aux_coef > 0 the policy's aux head also learns
-    the data's privileged aux labels. Returns the action losses (one per step taken)."""
+    complete schedule instead of being cut off at a high rate. schedule_span (lo, hi): this call runs that part of
+    one cosine (a phase of bc.phase_schedule=continuous), its progress mapped from 0..1 to lo..hi. With aux_coef > 0
+    the policy's aux head also learns the data's privileged aux labels. Returns the action losses (one per step)."""
     from tqdm import tqdm
 
+    lo, hi = schedule_span
+    if not 0.0 <= lo < hi <= 1.0:
+        raise ValueError(f"schedule_span {schedule_span} must satisfy 0 <= lo < hi <= 1")
     rng = np.random.default_rng(seed)
     losses, aux_losses = [], []
     bar = tqdm(total=steps, desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
-    base_lrs = [g["lr"] for g in learner.optimizer.param_groups]
+    # a group's rate when its optimizer was made: a later phase of one continuous cosine starts from the decayed rate
+    base_lrs = [g.setdefault("bc_base_lr", g["lr"]) for g in learner.optimizer.param_groups]
     t0 = clock()
     for step in range(steps):
         done = step / steps
@@ -167,7 +172,7 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
                 break
         if lr_schedule == "cosine":
             for group, base in zip(learner.optimizer.param_groups, base_lrs):
-                group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * done))
+                group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * (lo + (hi - lo) * done)))
         inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
         loss, aux_loss = learner.bc_step(inputs, target, mask, augment_px, aux_coef)
         losses.append(loss)

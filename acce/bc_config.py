@@ -18,6 +18,10 @@ class BCConfig:
     """Adam learning rate of the warm start (RL then uses learner.lr with fresh optimizer moments)"""
     lr_schedule: str = "cosine"
     """'cosine' (decay from bc.lr to 0 over bc.steps, or over bc.max_wall_s when that binds first) or 'constant'"""
+    phase_schedule: str = "restart"
+    """how the cloning phases between DAgger rounds share the schedule: 'restart' (each phase starts at bc.lr with
+    fresh Adam moments and runs its own cosine) or 'continuous' (one cosine over all phases, the optimizer kept: a
+    DAgger round only adds data, and no phase spends its first steps at the peak rate again)"""
     max_wall_s: float = 0.0
     """wall-clock budget of all cloning phases together, in seconds (0 = none): cloning stops at bc.steps or here,
     whichever comes first, split evenly over the phases like bc.steps (DAgger rollouts not counted); the cosine
@@ -72,5 +76,7 @@ class BCConfig:
                               "them (they train only the aux head)")
         if not self.max_wall_s >= 0:
             raise ConfigError(f"bc.max_wall_s must be >= 0 seconds (0 = no time budget), got {self.max_wall_s}")
+        if self.phase_schedule not in ("restart", "continuous"):
+            raise ConfigError(f"bc.phase_schedule must be 'restart' or 'continuous', got {self.phase_schedule!r}")
         if self.lr_schedule not in ("cosine", "constant"):
             raise ConfigError(f"bc.lr_schedule must be 'cosine' or 'constant', got {self.lr_schedule!r}")

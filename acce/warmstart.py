@@ -104,12 +104,16 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                    for k in range(rounds + 1)]
     losses: list[float] = []
     info: dict[str, Any] = {}
+    continuous = cfg.bc.phase_schedule == "continuous"
     for r, steps in enumerate(phase_steps):
-        learner.reset_optimizer(cfg.bc.lr)
+        if r == 0 or not continuous:
+            learner.reset_optimizer(cfg.bc.lr)
+        span = (r / (rounds + 1), (r + 1) / (rounds + 1)) if continuous else (0.0, 1.0)
         losses += bc_train(learner, data, steps, cfg.bc.batch_size, seed=cfg.run.seed + r, progress=progress,
                            metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule,
                            step_offset=len(losses), aux_coef=cfg.bc.aux_loss_coef,
-                           desc=f"cloning phase {r + 1}/{rounds + 1}", max_wall_s=cfg.bc.max_wall_s / (rounds + 1))
+                           desc=f"cloning phase {r + 1}/{rounds + 1}", max_wall_s=cfg.bc.max_wall_s / (rounds + 1),
+                           schedule_span=span)
         if r < rounds:
             from acce.dagger import dagger_rollouts
             episodes, labels, success = dagger_rollouts(

@@ -257,6 +257,23 @@ def test_bc_time_budget_ends_the_phase_and_the_cosine_schedule_together():
     assert learner.lrs == pytest.approx([0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(4)])
 
 
+def test_bc_schedule_span_runs_one_part_of_a_single_cosine():
+    from acce.bc import bc_train
+
+    data = DemoDataset([episode(4)], chunk_len=2, max_delay=0, action_dim=2)
+    learner = _CountingLearner()
+    # the second of two phases (bc.phase_schedule=continuous): progress k/4 of the phase is 0.5 + k/8 of the cosine
+    assert len(bc_train(learner, data, steps=4, batch_size=2, progress=False, lr_schedule="cosine",
+                        schedule_span=(0.5, 1.0))) == 4
+    assert learner.lrs == pytest.approx([0.5 * (1 + np.cos(np.pi * (0.5 + k / 8))) for k in range(4)])
+    # a third call on the same optimizer (whose rate has decayed) still scales the cosine from the original rate
+    learner.lrs.clear()
+    bc_train(learner, data, steps=2, batch_size=2, progress=False, lr_schedule="cosine", schedule_span=(0.0, 0.5))
+    assert learner.lrs == pytest.approx([1.0, 0.5 * (1 + np.cos(np.pi * 0.25))])
+    with pytest.raises(ValueError, match="schedule_span"):
+        bc_train(learner, data, steps=4, batch_size=2, progress=False, schedule_span=(0.6, 0.5))
+
+
 def test_bc_time_budget_is_checked_in_the_config():
     from acce.configlib import ConfigError
 
