@@ -154,6 +154,10 @@ def cmd_eval(args) -> int:
     results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir), progress=True)
     videos = results.pop("videos")
     print(format_eval(results))
+    for key, cell in results["per_task"].items():  # the layouts to look at first (all of them in --out's JSON)
+        if cell["failed_seeds"]:
+            more = len(cell["failed_seeds"]) - 8
+            print(f"failed seeds {key}: " + " ".join(map(str, cell["failed_seeds"][:8])) + (f" (+{more})" if more > 0 else ""))
     if args.video_dir:
         import imageio
         Path(args.video_dir).mkdir(parents=True, exist_ok=True)

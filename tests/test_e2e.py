@@ -56,6 +56,9 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capfd):
     assert ev["checkpoint_version"] == second["learner_version"] and ev["seed_split"] == "test"
     out, err = capfd.readouterr()  # fd-level: Ray's core worker logs from C++, past sys.stderr
     assert "95% CI" in out
+    cell = ev["per_task"]["reach/test"]  # the failed layouts, named in the JSON and on the console
+    assert len(cell["failed_seeds"]) == cell["n"] - cell["successes"]
+    assert ("failed seeds reach/test:" in out) == bool(cell["failed_seeds"])
     # restartable actors get their shared roles by name: Ray cannot promise a restart whose constructor arguments
     # live in the object store (actor handles) and says so with an ERROR line per actor
     assert "constructor arguments in the object store" not in err

@@ -69,7 +69,8 @@ class Evaluator:
         results["per_task"][key] = {
             "task": task, "seed_split": seed_split, "split": split, "n": len(succ), "successes": int(sum(succ)),
             "success_rate": float(np.mean(succ)), "ci95": [lo, hi], "mean_length": float(np.mean(lengths)),
-            "mean_return": float(np.mean(returns)), "seeds": [seeds[0], seeds[-1]]}
+            "mean_return": float(np.mean(returns)), "seeds": [seeds[0], seeds[-1]],
+            "failed_seeds": [s for s, ok in zip(seeds, succ) if not ok]}  # which layouts to look at first
         if frames is not None:
             results["videos"][task] = frames
 

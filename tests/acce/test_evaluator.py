@@ -1,0 +1,89 @@
+"""Evaluator (acce/runtime/evaluator.py) on a counting fake env: exactly the first N seeds of the split are counted,
+never the first N episodes to finish, and a cell names the seeds that failed."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from acce.runtime.evaluator import Evaluator
+from acce.wiring import SEED_SPLIT_STARTS
+
+H, A = 4, 2
+
+
+def outcome(seed: int) -> tuple[bool, int]:
+    """(success, length) of an episode, fixed by its seed: every third seed fails, lengths 1..5 so later seeds
+    often finish before earlier ones"""
+    return seed % 3 != 0, 1 + (seed * 7) % 5
+
+
+class FakeVecEnv:
+    action_dim = A
+
+    def __init__(self, n: int, episode_seeds):
+        self.n, self.episode_seeds = n, episode_seeds
+        self.seeds = np.zeros(n, np.int64)
+        self.t = np.zeros(n, np.int64)
+        self.started: list[int] = []
+
+    def _start(self, i: int, seed: int) -> None:
+        self.seeds[i], self.t[i] = seed, 0
+        self.started.append(seed)
+
+    def reset(self, seeds):
+        for i, s in enumerate(seeds):
+            self._start(i, int(s))
+
+    def observe(self, idx):
+        return {"state": np.zeros((len(idx), 3), np.float32), "instruction": ["touch it"] * len(idx),
+                "task_id": np.zeros(len(idx), np.int64)}
+
+    def step(self, actions, render=False):
+        n = self.n
+        done, success, ep_success = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        length, seeds = np.zeros(n, np.int64), self.seeds.copy()
+        for i in range(n):
+            self.t[i] += 1
+            ok, steps = outcome(int(self.seeds[i]))
+            if self.t[i] >= steps:
+                done[i], success[i], ep_success[i], length[i] = True, ok, ok, steps
+        for i in np.flatnonzero(done):
+            self._start(i, int(next(self.episode_seeds)))
+        return SimpleNamespace(reward=success.astype(np.float32), success=success, done=done, final_obs={},
+                               episode_success=ep_success, info={"seed": seeds, "episode_length": length,
+                                                                 "episode_return": success.astype(np.float32)})
+
+    def close(self):
+        pass
+
+
+class FakeServer:
+    def __init__(self):
+        self.calls = 0
+
+    def infer(self, req):
+        self.calls += 1
+        n = len(req["instruction"])
+        return {"chunk": np.zeros((n, H, A), np.float32), "logp_pos": np.zeros((n, H), np.float32),
+                "value": np.zeros(n, np.float32), "version": 3}
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_a_cell_counts_exactly_the_first_seeds_and_names_the_failures(split):
+    envs = []
+
+    def make_env(tasks, n, seeds, instruction_split, episode_seeds):
+        envs.append(FakeVecEnv(n, episode_seeds))
+        return envs[-1]
+
+    server = FakeServer()
+    ev = Evaluator(make_env, server, tasks=["reach"], episodes=20, num_envs=4, chunk_len=H, exec_horizon=2)
+    cell = ev.run(split)["per_task"][f"reach/{split}"]
+    first = SEED_SPLIT_STARTS[split]
+    expected = [first + k for k in range(20)]
+    wins = [s for s in expected if outcome(s)[0]]
+    assert cell["n"] == 20 and cell["successes"] == len(wins) and cell["success_rate"] == pytest.approx(len(wins) / 20)
+    assert cell["failed_seeds"] == [s for s in expected if not outcome(s)[0]]
+    assert cell["seeds"] == [expected[0], expected[-1]]
+    assert cell["mean_length"] == pytest.approx(np.mean([outcome(s)[1] for s in expected]))
+    assert set(expected) <= set(envs[0].started) and server.calls > 0
