@@ -126,7 +126,9 @@ def run_rl_bench(config: str | None, overrides: list[str], *, tasks=None, seeds=
             Trainer(load(config, task_base + [f"run.name={slug}_bc", "train.max_versions=1", "train.final_eval=false",
                                               *NO_PERIODIC_EVAL]),
                     progress=False).run()
-        result["warm_start"][task] = {"checkpoint": str(warm), "overrides": per_task.get(task, [])}
+        # relative to --workdir: the JSON gets committed, and a machine's own paths do not belong in it
+        result["warm_start"][task] = {"checkpoint": warm.relative_to(root).as_posix(),
+                                      "overrides": per_task.get(task, [])}
         for case, extra in cases.items():
             runs = _run_case(config, task_base + extra, task, slug if case == "default" else f"{slug}_{case}", warm,
                              root, seeds, modes, budget_steps)

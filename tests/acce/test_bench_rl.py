@@ -107,6 +107,7 @@ def test_rl_bench_sizes_one_tasks_warm_start_apart(fake_trainer, tmp_path):  # n
     assert all(c.bc.steps == 0 for c in fake_trainer.made if c.train.init_from)  # RL runs never clone
     assert out["warm_start"]["push"]["overrides"] == ["bc.episodes=400", "bc.steps=1200"]
     assert out["warm_start"]["reach"]["overrides"] == []
+    assert out["warm_start"]["push"]["checkpoint"] == "push_bc/checkpoints/bc.pt"  # no machine path in the JSON
 
 
 def test_rl_bench_keeps_the_privileged_critic_for_meta_world(fake_trainer, tmp_path):  # noqa: F811
