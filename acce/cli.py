@@ -149,11 +149,23 @@ def cmd_eval(args) -> int:
     server = InferenceServer(policy, deterministic=True)
     server._version = int(data["learner"]["version"])
     tasks = args.task or list(cfg.env.tasks)
-    ev = make_evaluator(cfg, server, tasks, args.episodes)
+    probe = None
+    if args.aux_probe:
+        from acce.runtime.aux_probe import AuxProbe
+        try:
+            probe = AuxProbe(server.policy)
+        except ValueError as e:
+            raise ConfigError(f"--aux-probe: {e}") from None
+    ev = make_evaluator(cfg, server, tasks, args.episodes, aux_labels=probe is not None)
+    ev.probe = probe
     instructions = ("heldout", "train") if args.instructions == "both" else (args.instructions,)
     results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir), progress=True)
     videos = results.pop("videos")
     print(format_eval(results))
+    if probe is not None:
+        from acce.runtime.aux_probe import format_probe
+        results["aux_probe"] = probe.report()
+        print(format_probe(results["aux_probe"]))
     for key, cell in results["per_task"].items():  # the layouts to look at first (all of them in --out's JSON)
         if cell["failed_seeds"]:
             more = len(cell["failed_seeds"]) - 8
@@ -251,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=100, help="episodes per task and paraphrase set (default 100)")
     p.add_argument("--task", action="append", help="task(s) to evaluate; default: the run's tasks")
     p.add_argument("--video-dir", dest="video_dir", default=None, help="save one GIF per task here")
+    p.add_argument("--aux-probe", dest="aux_probe", action="store_true",
+                   help="also report how well the policy's aux head locates the object and the goal (R², cm) per "
+                   "phase of the episode: what a frozen-encoder RL cannot fix (JSON key aux_probe)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the checkpoint's config (e.g. delay.fixed_steps=4)")
     p.set_defaults(fn=cmd_eval)
 

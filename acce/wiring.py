@@ -163,25 +163,27 @@ def latency_factory(cfg):
 
 
 class _EvalEnvFactory:
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, aux_labels: bool = False):
+        self.cfg, self.aux_labels = cfg, aux_labels
 
     def __call__(self, tasks, num_envs, **kw):
         cfg = self.cfg
         return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
                             task_params={t: p for t, p in cfg.env.task_params.items() if t in tasks},
-                            privileged_state=cfg.env.privileged_state, **kw)
+                            privileged_state=cfg.env.privileged_state, aux_labels=self.aux_labels, **kw)
 
 
-def eval_env_factory(cfg):
-    return _EvalEnvFactory(cfg)
+def eval_env_factory(cfg, aux_labels: bool = False):
+    return _EvalEnvFactory(cfg, aux_labels)
 
 
-def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None):
+def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None,
+                   aux_labels: bool = False):
     """The run's Evaluator: its evaluation envs (validation or test seeds per run() call), chunking and latency (default: cfg's model, seeded apart from
-    training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks."""
+    training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks. aux_labels:
+    the envs also carry the privileged labels (for `acce eval --aux-probe`; the policy never reads them)."""
     from acce.runtime.evaluator import Evaluator
-    return Evaluator(eval_env_factory(cfg), server, tasks=list(tasks), episodes=episodes,
+    return Evaluator(eval_env_factory(cfg, aux_labels), server, tasks=list(tasks), episodes=episodes,
                      num_envs=num_envs or cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
                      exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                      latency=latency if latency is not None else make_latency_model(cfg, cfg.run.seed + 999),

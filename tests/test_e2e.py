@@ -50,12 +50,13 @@ def test_debug_train_resume_eval_on_ray(tmp_path, ray_cluster, capfd):
     assert set(ref) == set(start) and all(torch.equal(ref[k], start[k]) for k in start)
     # evaluate the checkpoint from the command line
     out = tmp_path / "eval.json"
-    assert main(["eval", "--checkpoint", str(run), "--episodes", "3", "--out", str(out)]) == 0
+    assert main(["eval", "--checkpoint", str(run), "--episodes", "3", "--aux-probe", "--out", str(out)]) == 0
     ev = json.loads(out.read_text())
+    assert ev["aux_probe"]["reach"]["goal x"]["t = 0"]["n"] >= 6  # every episode's first decision, both paraphrase sets
     assert ev["per_task"]["reach/test"]["n"] == ev["per_task"]["reach/test/train_instr"]["n"] == 3
     assert ev["checkpoint_version"] == second["learner_version"] and ev["seed_split"] == "test"
     out, err = capfd.readouterr()  # fd-level: Ray's core worker logs from C++, past sys.stderr
-    assert "95% CI" in out
+    assert "95% CI" in out and "aux probe reach" in out
     cell = ev["per_task"]["reach/test"]  # the failed layouts, named in the JSON and on the console
     assert len(cell["failed_seeds"]) == cell["n"] - cell["successes"]
     assert ("failed seeds reach/test:" in out) == bool(cell["failed_seeds"])

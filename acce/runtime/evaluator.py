@@ -25,11 +25,13 @@ _SPARE_SEEDS = 5_000_000
 class Evaluator:
     def __init__(self, make_env: Callable[..., Any], server, *, tasks, episodes: int = 20, num_envs: int = 8,
                  chunk_len: int = 8, exec_horizon: int = 4, max_delay: int = 0, latency=None,
-                 delay_aware: bool = True, max_steps: int = 10_000):
+                 delay_aware: bool = True, max_steps: int = 10_000, probe: Callable[..., None] | None = None):
         self.make_env, self.server = make_env, server
         self.tasks, self.episodes, self.num_envs = tuple(tasks), episodes, num_envs
         self.chunk_len, self.exec_horizon, self.max_delay = chunk_len, exec_horizon, max_delay
         self.latency, self.delay_aware, self.max_steps = latency, delay_aware, max_steps
+        self.probe = probe
+        """called as probe(task, control steps, observation batch, request) at every decision (acce.runtime.aux_probe)"""
         self._bar, self._wins = None, 0
         """run()'s progress bar over the episodes and the successes counted in it"""
 
@@ -96,6 +98,8 @@ class Evaluator:
                         inputs.append((timelines[i].make_input(batch_row(batch, k), d), d))
                     req = stack_inputs([x for x, _ in inputs])
                     out = self.server.infer(req)
+                    if self.probe is not None:
+                        self.probe(task, [timelines[i].t for i in due], batch, req)
                     for k, (i, (inp, d)) in enumerate(zip(due, inputs)):
                         tl = timelines[i]
                         tl.add_decision(Decision(inp=inp, chunk=out["chunk"][k], logp_pos=out["logp_pos"][k],
