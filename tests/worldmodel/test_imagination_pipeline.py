@@ -283,8 +283,8 @@ def test_imagined_data_never_reaches_evaluation_nor_the_curriculum(tmp_path, mon
     eval_envs, curriculum, captured = [], [], {}
     make_eval = wiring.eval_env_factory
 
-    def spy_eval_factory(cfg):
-        inner = make_eval(cfg)
+    def spy_eval_factory(cfg, *args, **kw):
+        inner = make_eval(cfg, *args, **kw)
 
         def make(*args, **kw):
             env = inner(*args, **kw)
