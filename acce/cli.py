@@ -156,8 +156,7 @@ def cmd_eval(args) -> int:
             probe = AuxProbe(server.policy)
         except ValueError as e:
             raise ConfigError(f"--aux-probe: {e}") from None
-    ev = make_evaluator(cfg, server, tasks, args.episodes, aux_labels=probe is not None)
-    ev.probe = probe
+    ev = make_evaluator(cfg, server, tasks, args.episodes, probe=probe)
     instructions = ("heldout", "train") if args.instructions == "both" else (args.instructions,)
     results = ev.run(args.split, instructions=instructions, video=bool(args.video_dir), progress=True)
     videos = results.pop("videos")

@@ -177,14 +177,14 @@ def eval_env_factory(cfg, aux_labels: bool = False):
     return _EvalEnvFactory(cfg, aux_labels)
 
 
-def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None,
-                   aux_labels: bool = False):
+def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs: int | None = None, probe=None):
     """The run's Evaluator: its evaluation envs (validation or test seeds per run() call), chunking and latency (default: cfg's model, seeded apart from
-    training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks. aux_labels:
-    the envs also carry the privileged labels (for `acce eval --aux-probe`; the policy never reads them)."""
+    training) and the learner's delay handling; one place for `acce eval`, training, and the benchmarks. probe: the
+    Evaluator's per-decision hook (`acce eval --aux-probe`); its envs then also carry the privileged labels, which the
+    policy never reads."""
     from acce.runtime.evaluator import Evaluator
-    return Evaluator(eval_env_factory(cfg, aux_labels), server, tasks=list(tasks), episodes=episodes,
-                     num_envs=num_envs or cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
+    return Evaluator(eval_env_factory(cfg, aux_labels=probe is not None), server, probe=probe, tasks=list(tasks),
+                     episodes=episodes, num_envs=num_envs or cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
                      exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                      latency=latency if latency is not None else make_latency_model(cfg, cfg.run.seed + 999),
                      delay_aware=cfg.learner.delay_correction)

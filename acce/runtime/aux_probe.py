@@ -52,7 +52,7 @@ class AuxProbe:
 
         if AUX_KEY not in batch:
             raise ValueError("the evaluation envs give no aux labels: build the Evaluator with aux_labels=True")
-        with torch.inference_mode():
+        with torch.inference_mode():  # a second forward pass, so the serving path stays as it is for a diagnostic
             pred = self.policy.forward(self.policy.with_lang(request), return_aux=True)[3]
         self.rows[task].append((np.asarray(steps, np.int64), np.asarray(batch[AUX_KEY], np.float64),
                                 pred.float().cpu().numpy().astype(np.float64)))
