@@ -56,6 +56,10 @@ class LearnerConfig:
     """what RL trains: 'all' (every trainable weight) or 'residual' (only policy.residual_hidden's residual head,
     log_std and the critic: residual RL on the frozen warm start; the trunk's features come from one no-grad pass
     per update and every minibatch reuses them, so an epoch costs a fraction of a full forward and backward)"""
+    aux_coef: float = 0.0
+    """weight of the aux head's loss on the rollouts' privileged labels during RL (0: off; needs train_scope=all and
+    aux labels in the rollouts, i.e. policy.critic=privileged): the encoder that RL trains keeps learning where the
+    named object and goal are, with cloning's standardization (kept in the policy)"""
     target_kl: float = 0.0
     """adaptive actor learning rate (0 = off, fixed learner.lr): per minibatch, the approx KL(π_prox ‖ π) of the
     executed span already moved in this update; above 2x target the rate is divided by 1.5, below half of it (and
@@ -134,6 +138,9 @@ class LearnerConfig:
             raise ConfigError("learner.gamma must be in (0, 1] and learner.lam in [0, 1]")
         if self.train_scope not in ("all", "residual"):
             raise ConfigError(f"learner.train_scope must be 'all' or 'residual', got {self.train_scope!r}")
+        if not self.aux_coef >= 0 or (self.aux_coef > 0 and self.train_scope != "all"):
+            raise ConfigError(f"learner.aux_coef must be >= 0 and needs learner.train_scope=all (a residual scope "
+                              f"freezes the encoder it would train), got {self.aux_coef} with {self.train_scope!r}")
         if not self.kl_stop >= 0:
             raise ConfigError(f"learner.kl_stop must be >= 0 (0 = off), got {self.kl_stop}")
         if self.target_kl < 0 or (self.target_kl > 0 and not 0 < self.lr_min <= self.lr <= self.lr_max):

@@ -96,6 +96,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
         obs, task_ids = aux_frames(make_env, cfg, cfg.bc.aux_frames, progress=progress)
         data.add_aux_frames(obs, task_ids)
     policy = place(build_policy(cfg, data.states, aux_dim=data.aux_dim, spec=spec))
+    if data.aux_dim:
+        policy.set_aux_norm(data.aux_mean, data.aux_std)
     learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
     t0 = time.time()
     rounds = cfg.bc.dagger_rounds

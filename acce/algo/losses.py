@@ -280,3 +280,22 @@ def gaussian_kl(mean_p: torch.Tensor, log_std_p: torch.Tensor, mean_q: torch.Ten
     var_q = torch.exp(2.0 * log_std_q)
     per_dim = log_std_q - log_std_p + (torch.exp(2.0 * log_std_p) + (mean_p - mean_q) ** 2) / (2.0 * var_q) - 0.5
     return per_dim.sum(-1).mean()
+
+
+def aux_regression_loss(pred: torch.Tensor, labels, mean, std) -> torch.Tensor:
+    """mean(((labels - mean) / std - pred)^2): the aux head's loss on raw privileged labels (B, P) (arrays or
+    tensors), standardized with the cloning statistics (P,) the head was first trained under, so RL keeps the scale
+    that the policy reads back when policy.aux_input."""
+    if labels is None:
+        raise ValueError("the rollouts carry no privileged aux labels (obs['aux']): learner.aux_coef > 0 needs "
+                         "policy.critic=privileged, whose training envs record them")
+    labels, mean, std = (torch.as_tensor(v, device=pred.device) for v in (labels, mean, std))
+    _check_same_shape(pred=pred, labels=labels)
+    target = ((_upcast(labels) - _upcast(mean)) / _upcast(std)).detach()
+    return ((_upcast(pred) - target) ** 2).mean()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): 1 = the critic predicts the targets, <= 0 = no better than the mean"""
+    var = float(returns.var()) if returns.numel() > 1 else 0.0
+    return 1.0 - float((returns - values).var()) / var if var > 0 else 0.0

@@ -100,6 +100,8 @@ class VLAPolicy(nn.Module):
         self.config = config
         self.state_dim, self.action_dim, self.norm = int(state_dim), int(action_dim), norm
         self.aux_dim, self.privileged_dim = int(aux_dim), int(privileged_dim)
+        self.aux_norm: tuple[np.ndarray, np.ndarray] | None = None
+        """(mean, std) (P,) the aux head's targets were standardized with in cloning (set_aux_norm; saved)"""
         self._residual_aux = bool(config.residual_hidden and config.residual_reads_aux and config.aux_input
                                   and self.aux_dim and config.aux_from == "keypoints")
         self.cameras = tuple(sorted(cameras))  # same order as acce.types.image_keys
@@ -339,10 +341,18 @@ class VLAPolicy(nn.Module):
                              "policy with the same config, state_dim, action_dim and cameras?")
         self.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
 
+    def set_aux_norm(self, mean: Any, std: Any) -> None:
+        """Keep the aux targets' standardization (cloning's), so RL's aux loss (learner.aux_coef) uses the same."""
+        mean, std = (np.asarray(v, np.float32).reshape(-1) for v in (mean, std))
+        if mean.shape != (self.aux_dim,) or std.shape != mean.shape or not np.all(std > 0):
+            raise ValueError(f"aux statistics must be ({self.aux_dim},) with std > 0, got {mean.shape} / {std.shape}")
+        self.aux_norm = (mean, std)
+
     def policy_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this policy offline: plain dict for torch.save / checkpoints."""
         return {"config": dataclasses.asdict(self.config), "state_dim": self.state_dim, "action_dim": self.action_dim,
                 "aux_dim": self.aux_dim, "privileged_dim": self.privileged_dim,
+                "aux_norm": None if self.aux_norm is None else [v.tolist() for v in self.aux_norm],
                 "cameras": list(self.cameras), "norm": self.norm.to_dict(),
                 "env_spec": self.env_spec.to_dict() if self.env_spec is not None else None,
                 "vision_config": self.vision.backbone_config(),
@@ -381,6 +391,8 @@ class VLAPolicy(nn.Module):
         if problem:
             raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")
         policy.load_state_dict({k: torch.as_tensor(v) for k, v in state["state_dict"].items()})
+        if state.get("aux_norm") is not None:
+            policy.set_aux_norm(*state["aux_norm"])
         return policy
 
     def num_parameters(self, trainable_only: bool = False) -> int:

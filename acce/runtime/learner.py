@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from acce.algo.losses import decoupled_ppo_loss, entropy_bonus, gaussian_kl, gipo_loss, value_loss
+from acce.algo.losses import (aux_regression_loss, decoupled_ppo_loss, entropy_bonus, explained_variance,
+                              gaussian_kl, gipo_loss, value_loss)
 from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
 from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_stamp, stack_shipped
@@ -51,12 +52,6 @@ def collate(segments: Sequence[Segment], stamp: str | None = None) -> dict[str, 
             "episode_end": stack("terminated") | stack("truncated"), "next_index": next_index,
             "behavior_version": stack("behavior_version"), "exec_len": stack("exec_len"),
             "delay_steps": stack("delay_steps"), "shipped": stack_shipped(segments, stamp)}
-
-
-def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns): 1 = the critic predicts the targets, <= 0 = no better than their mean"""
-    var = float(returns.var()) if returns.numel() > 1 else 0.0
-    return 1.0 - float((returns - values).var()) / var if var > 0 else 0.0
 
 
 def _select(inputs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
@@ -107,6 +102,9 @@ class Learner:
         if self.rl_started:
             return
         self.rl_started = True
+        if self.cfg.aux_coef > 0 and self.policy.aux_norm is None:
+            raise ValueError("learner.aux_coef > 0 needs a warm start with an aux head and its cloning statistics "
+                             "(cloned with bc.aux_loss_coef > 0 by this acce): clone it again or set aux_coef=0")
         if self.cfg.train_scope == "residual":
             for name, p in self.policy.named_parameters():
                 if not name.startswith(self.RL_SCOPE_PREFIXES):
@@ -159,6 +157,8 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"]["state_dict"])
+        if state["policy"].get("aux_norm") is not None:
+            self.policy.set_aux_norm(*state["policy"]["aux_norm"])
         if state.get("rl_started"):  # the saved optimizer holds the RL parameter set
             self.start_rl()
         self.optimizer.load_state_dict(state["optimizer"])
@@ -308,11 +308,11 @@ class Learner:
             for idx in np.array_split(perm, cfg.minibatches):
                 it = torch.as_tensor(idx, device=dev)
                 if "feats" in tg:  # train_scope=residual: trunk features from the no-grad pass, heads only
-                    mean, log_std, values = self.policy.heads({k: None if v is None else v[it]
-                                                               for k, v in tg["feats"].items()})
+                    (mean, log_std, values), aux = self.policy.heads({k: None if v is None else v[it]
+                                                                      for k, v in tg["feats"].items()}), ()
                 else:
                     batch = self.policy.with_lang(_select(data["inputs"], idx))
-                    mean, log_std, values = self.policy(batch)
+                    mean, log_std, values, *aux = self.policy(batch, return_aux=cfg.aux_coef > 0)
                 logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
                 entropy = self.policy.entropy(log_std, mask[it])
                 args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
@@ -329,6 +329,9 @@ class Learner:
                 if cfg.target_kl > 0 and pg_weight > 0:
                     self._adapt_lr(stats["is/approx_kl"])
                 loss = pg_weight * (pl - cfg.ent_coef * ent) + cfg.vf_coef * vl
+                if aux:  # learner.aux_coef: the encoder keeps locating the object and goal while RL trains it
+                    al = aux_regression_loss(aux[0], batch.get(AUX_KEY), *self.policy.aux_norm)
+                    loss, stats = loss + cfg.aux_coef * al, {**stats, "loss/aux": al.item()}
                 if cfg.ref_kl_coef > 0:  # (anchored above)
                     if "ref_mean" in tg:
                         ref_mean, ref_log_std = tg["ref_mean"][it], tg["ref_log_std"]
@@ -357,7 +360,7 @@ class Learner:
                         "learner/return_mean": float(tg["returns"].mean()),
                         "learner/value_scale": self.value_stats()[1],
                         "learner/log_std_mean": self.policy.log_std.mean().item(), "learner/lr": self.actor_lr,
-                        "learner/explained_var": _explained_variance(tg["old_values"], tg["returns"]),
+                        "learner/explained_var": explained_variance(tg["old_values"], tg["returns"]),
                         "delay/steps_mean": float(data["delay_steps"].mean()),
                         "delay/steps_max": float(data["delay_steps"].max()),
                         "delay/exec_len_mean": float(data["exec_len"].mean()),

@@ -211,7 +211,7 @@ def test_adaptive_learning_rate_follows_the_kl_target():
 
 
 def test_explained_variance_by_hand():
-    from acce.runtime.learner import _explained_variance
+    from acce.algo.losses import explained_variance as _explained_variance
     returns = torch.tensor([1.0, 2.0, 3.0, 4.0])  # unbiased variance 5/3
     assert _explained_variance(returns, returns) == pytest.approx(1.0)
     assert _explained_variance(torch.full((4,), 2.5), returns) == pytest.approx(0.0)

@@ -39,3 +39,26 @@ def test_empty_demos_store_of_another_schema_is_replaced(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         bc_warmstart(cfg, tmp_path, metrics=None, progress=False)
     assert seen["image_shapes"] == {"front": (32, 32)}  # the retry's schema, not refused
+
+
+def test_warm_start_keeps_the_aux_standardization_it_cloned_with(tmp_path):
+    """RL's aux loss (learner.aux_coef) standardizes rollout labels exactly as cloning did: the policy keeps the
+    demos' mean and std and saves them."""
+    import numpy as np
+
+    from acce.bc import DemoDataset
+    cfg = load("configs/debug.yaml", ["bc.episodes=2", "bc.steps=2", "bc.dagger_rounds=0", "bc.aux_loss_coef=1.0",
+                                      "bc.aux_frames=0", "env.tasks=[reach]"])
+    class Metrics:
+        def scalars(self, values, step):
+            pass
+
+        def scalar(self, *args, **kwargs):
+            pass
+    learner, _ = bc_warmstart(cfg, tmp_path, metrics=Metrics(), progress=False)
+    store = EpisodeStore.open(tmp_path / "demos.zarr")
+    data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps, 4)
+    mean, std = learner.policy.aux_norm
+    assert data.aux_dim and np.array_equal(mean, data.aux_mean) and np.array_equal(std, data.aux_std)
+    saved = learner.policy.policy_state()["aux_norm"]
+    assert np.allclose(saved[0], data.aux_mean) and np.allclose(saved[1], data.aux_std)
