@@ -4,9 +4,9 @@
 table xy, then the goal's, in m; evaluation never gives them to the policy). At every decision it also reads the
 policy's aux head and, per task, label and phase of the episode (control steps since reset), reports how much of the
 label a straight-line read-out of that one head output explains (R²) and what error is left (cm). The read-out is
-fitted on the probe's own decisions because the head predicts standardized labels and the checkpoint does not keep
-their scale. RL on a frozen encoder cannot correct what these features do not carry: this is the check to run before
-tuning a learner on a task whose warm start fails.
+fitted on the probe's own decisions: it needs no scale from the checkpoint (older ones keep none; newer ones keep
+cloning's as VLAPolicy.aux_norm) and measures what the head carries, not how well it is calibrated. RL on a
+frozen encoder cannot correct what these features do not carry: this is the check to run before tuning a learner on a task whose warm start fails.
 """
 from __future__ import annotations
 

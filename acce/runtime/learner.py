@@ -101,10 +101,10 @@ class Learner:
         never trains it."""
         if self.rl_started:
             return
-        self.rl_started = True
         if self.cfg.aux_coef > 0 and self.policy.aux_norm is None:
             raise ValueError("learner.aux_coef > 0 needs a warm start with an aux head and its cloning statistics "
                              "(cloned with bc.aux_loss_coef > 0 by this acce): clone it again or set aux_coef=0")
+        self.rl_started = True
         if self.cfg.train_scope == "residual":
             for name, p in self.policy.named_parameters():
                 if not name.startswith(self.RL_SCOPE_PREFIXES):
