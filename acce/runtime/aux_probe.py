@@ -6,7 +6,8 @@ policy's aux head and, per task, label and phase of the episode (control steps s
 label a straight-line read-out of that one head output explains (R²) and what error is left (cm). The read-out is
 fitted on the probe's own decisions: it needs no scale from the checkpoint (older ones keep none; newer ones keep
 cloning's as VLAPolicy.aux_norm) and measures what the head carries, not how well it is calibrated. RL on a
-frozen encoder cannot correct what these features do not carry: this is the check to run before tuning a learner on a task whose warm start fails.
+frozen encoder cannot correct what these features do not carry: this is the check to run before tuning a learner
+on a task whose warm start fails.
 """
 from __future__ import annotations
 
