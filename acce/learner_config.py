@@ -70,6 +70,12 @@ class LearnerConfig:
     the minibatch's approx KL(π_prox ‖ π) is compared with 1.5 x kl_stop, and past it the update ends (the remaining
     minibatches and epochs are skipped; `learner/opt_steps` shows how many ran). Bounds how far one update moves the
     policy whatever epochs x minibatches is, at a fixed learning rate"""
+    critic_tail: bool = False
+    """after learner.kl_stop ends an update's policy steps, its remaining minibatches and epochs still fit the critic
+    (value loss only; `learner/critic_tail_steps` counts them). They change no actor weight, so they are not versions.
+    Without it a stop after one or two steps leaves the critic one or two steps per update (explained variance near
+    0, advantages that are mostly noise). Needs a critic that shares no weight with the actor (policy.critic=
+    privileged, policy.value_stop_gradient or train_scope=residual) and kl_stop > 0"""
     lr_min: float = 1e-6
     """lower bound of the adaptive learning rate (learner.target_kl)"""
     lr_max: float = 1e-3
@@ -141,6 +147,9 @@ class LearnerConfig:
         if not self.aux_coef >= 0 or (self.aux_coef > 0 and self.train_scope != "all"):
             raise ConfigError(f"learner.aux_coef must be >= 0 and needs learner.train_scope=all (a residual scope "
                               f"freezes the encoder it would train), got {self.aux_coef} with {self.train_scope!r}")
+        if self.critic_tail and self.kl_stop <= 0:
+            raise ConfigError("learner.critic_tail fits the critic after an early stop at learner.kl_stop: set "
+                              "kl_stop > 0 or critic_tail=false")
         if not self.kl_stop >= 0:
             raise ConfigError(f"learner.kl_stop must be >= 0 (0 = off), got {self.kl_stop}")
         if self.target_kl < 0 or (self.target_kl > 0 and not 0 < self.lr_min <= self.lr <= self.lr_max):

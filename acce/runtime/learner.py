@@ -4,7 +4,8 @@ One `update(segments)` = measure staleness at consumption (queue time counts) an
 beyond `max_staleness`; compute proximal log-probs and values with the current weights; advantages by GAE or
 V-trace over semi-Markov decisions (rewards and discounts of the executed spans); then `epochs x minibatches`
 optimizer steps of decoupled PPO or GIPO + value loss − entropy bonus (+ an optional KL anchor to the policy RL
-started from). `version` counts optimizer steps.
+started from); after an early stop at learner.kl_stop, learner.critic_tail keeps fitting the critic alone. `version`
+counts the optimizer steps that change the actor.
 """
 from __future__ import annotations
 
@@ -18,44 +19,11 @@ from acce.algo.losses import (aux_regression_loss, decoupled_ppo_loss, entropy_b
                               gaussian_kl, gipo_loss, value_loss)
 from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
-from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_stamp, stack_shipped
-from acce.types import AUX_KEY, INSTRUCTION_KEY, TASK_ID_KEY, Segment
+from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_stamp
+from acce.runtime.batch import collate, select_rows
+from acce.types import AUX_KEY, Segment
 
-
-def collate(segments: Sequence[Segment], stamp: str | None = None) -> dict[str, Any]:
-    """B segments of T decisions -> flat (B*T) policy inputs + (B, T) credit arrays + bootstrap rows; "shipped":
-    the rows' frozen features shipped under frozen stamp `stamp` and the mask of rows that have them."""
-    b, t = len(segments), len(segments[0])
-    if any(len(s) != t for s in segments):
-        raise ValueError("segments in one batch must have the same length")
-    odd = [s for s in segments if set(s.obs) != set(segments[0].obs)]  # else keys of segment 0 win: "aux" dropped
-    if odd:
-        raise ValueError(f"segments in one batch must carry the same obs keys: {sorted(segments[0].obs)} vs "
-                         f"{sorted(odd[0].obs)} ({odd[0].source}); imagined 'aux' needs a world-model aux head")
-    obs = {k: np.concatenate([s.obs[k] for s in segments]) for k in segments[0].obs}
-    inputs = {**obs, INSTRUCTION_KEY: [i for s in segments for i in s.instruction],
-              TASK_ID_KEY: np.concatenate([s.task_id for s in segments]),
-              "prefix": np.concatenate([s.prefix for s in segments]),
-              "delay_steps": np.concatenate([s.delay_steps for s in segments]).astype(np.int64)}
-    offsets = np.cumsum([0] + [len(s.bootstrap[INSTRUCTION_KEY]) for s in segments])
-    boot = {k: np.concatenate([s.bootstrap[k] for s in segments]) for k in segments[0].bootstrap
-            if k != INSTRUCTION_KEY}
-    boot[INSTRUCTION_KEY] = [i for s in segments for i in s.bootstrap[INSTRUCTION_KEY]]
-    boot["delay_steps"] = boot["delay_steps"].astype(np.int64)
-    next_index = np.stack([np.where(s.next_index >= 0, s.next_index + offsets[j], -1) for j, s in enumerate(segments)])
-
-    def stack(name: str) -> np.ndarray:
-        return np.stack([getattr(s, name) for s in segments])
-    return {"inputs": inputs, "boot": boot, "B": b, "T": t, "chunk": np.concatenate([s.chunk for s in segments]),
-            "mask": np.concatenate([s.exec_mask for s in segments]), "behavior_logp": stack("behavior_logp"),
-            "behavior_value": stack("behavior_value"), "reward": stack("reward"), "discount": stack("discount"),
-            "episode_end": stack("terminated") | stack("truncated"), "next_index": next_index,
-            "behavior_version": stack("behavior_version"), "exec_len": stack("exec_len"),
-            "delay_steps": stack("delay_steps"), "shipped": stack_shipped(segments, stamp)}
-
-
-def _select(inputs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
-    return {k: ([v[i] for i in idx] if k == INSTRUCTION_KEY else v[idx]) for k, v in inputs.items()}
+__all__ = ["Learner", "collate", "make_learner"]  # collate re-exported: callers build batches the way updates do
 
 
 class Learner:
@@ -66,6 +34,11 @@ class Learner:
         """the actor's current learning rate (adapted when learner.target_kl > 0)"""
         self.rl_started = False
         """set by the first RL update: from then on learner.train_scope decides what trains"""
+        if cfg.critic_tail and policy.config.critic != "privileged" and cfg.train_scope == "all" \
+                and not policy.config.value_stop_gradient:
+            raise ValueError("learner.critic_tail steps the critic alone, but this critic shares the encoder with the "
+                             "actor: use policy.critic=privileged, policy.value_stop_gradient=true or "
+                             "learner.train_scope=residual, or set critic_tail=false")
         self.reset_optimizer()
         self.version = 0
         self.rng = np.random.default_rng(seed)
@@ -183,6 +156,15 @@ class Learner:
         torch.nn.utils.clip_grad_norm_([p for p in params if id(p) in critic], self.cfg.max_grad_norm)
         return torch.nn.utils.clip_grad_norm_([p for p in params if id(p) not in critic], self.cfg.max_grad_norm)
 
+    def _step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on `loss` (parameters it does not reach keep no gradient, so Adam leaves them alone);
+        returns the pre-clip gradient norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        return grad_norm
+
     def _adapt_lr(self, approx_kl: float) -> None:
         """learner.target_kl: KL this update has moved so far above 2x target -> lr / 1.5, below half -> lr * 1.5
         (KL 0 is the update's first minibatch, where nothing moved yet: no signal)."""
@@ -299,10 +281,10 @@ class Learner:
         pg_mask = mask.any(1)
         self.policy.train()
         sums: dict[str, float] = {}
-        steps = 0
+        steps = tail_steps = 0
         stopped = False
         for _ in range(cfg.epochs):
-            if stopped:
+            if stopped and not cfg.critic_tail:
                 break
             perm = self.rng.permutation(n)
             for idx in np.array_split(perm, cfg.minibatches):
@@ -311,7 +293,7 @@ class Learner:
                     (mean, log_std, values), aux = self.policy.heads({k: None if v is None else v[it]
                                                                       for k, v in tg["feats"].items()}), ()
                 else:
-                    batch = self.policy.with_lang(_select(data["inputs"], idx))
+                    batch = self.policy.with_lang(select_rows(data["inputs"], idx))
                     mean, log_std, values, *aux = self.policy(batch, return_aux=cfg.aux_coef > 0)
                 logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
                 entropy = self.policy.entropy(log_std, mask[it])
@@ -320,10 +302,15 @@ class Learner:
                     pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
                 else:
                     pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
-                if cfg.kl_stop > 0 and steps > 0 and stats["is/approx_kl"] > 1.5 * cfg.kl_stop:
+                if not stopped and cfg.kl_stop > 0 and steps > 0 and stats["is/approx_kl"] > 1.5 * cfg.kl_stop:
                     stopped = True  # this update has moved the policy far enough (learner.kl_stop)
-                    break
+                    if not cfg.critic_tail:
+                        break
                 vl = value_loss(values, tg["returns_std"][it], tg["old_values_std"][it], clip=cfg.value_clip)
+                if stopped:  # learner.critic_tail: only the critic, which shares no weight with the actor, steps on
+                    self._step(cfg.vf_coef * vl)
+                    tail_steps += 1
+                    continue
                 ent = entropy_bonus(entropy, mask=pg_mask[it])
                 pg_weight = 0.0 if self.updates < cfg.value_warmup_updates else 1.0
                 if cfg.target_kl > 0 and pg_weight > 0:
@@ -341,10 +328,7 @@ class Learner:
                     kl = gaussian_kl(mean, log_std, ref_mean, ref_log_std)
                     loss = loss + cfg.ref_kl_coef * kl
                     stats = {**stats, "loss/ref_kl": kl.item()}
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = self._clip_gradients()
-                self.optimizer.step()
+                grad_norm = self._step(loss)
                 self.version += 1
                 steps += 1
                 for k, v in {**stats, "loss/policy": pl.item(), "loss/value": vl.item(), "loss/entropy": ent.item(),
@@ -354,7 +338,8 @@ class Learner:
         metrics.update(self.count_consumed(segments))
         metrics.update({k: v / steps for k, v in sums.items()})
         metrics.update({"learner/version": float(self.version), "learner/update_s": time.perf_counter() - t_start,
-                        "learner/opt_steps": float(steps), "learner/shipped_features_frac":
+                        "learner/opt_steps": float(steps), "learner/critic_tail_steps": float(tail_steps),
+                        "learner/shipped_features_frac":
                         float(data["shipped"][1].mean()),
                         "learner/decisions": float(n), "learner/adv_mean": float(tg["adv"].mean()),
                         "learner/return_mean": float(tg["returns"].mean()),

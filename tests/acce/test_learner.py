@@ -298,6 +298,34 @@ def test_kl_stop_ends_the_update_once_the_policy_has_moved(kl_stop, steps):
     assert learner.version == steps and m["learner/opt_steps"] == steps
 
 
+def test_critic_tail_fits_the_critic_after_kl_stop_and_leaves_the_actor_as_without_it():
+    """kl_stop ends the actor's steps after the first of 4 x 3 minibatches; with learner.critic_tail the other 11
+    minibatches step the (stop-gradient) critic alone: the actor's weights are bit-identical to the run without the
+    tail, the version counts only the actor's step, and the critic has moved further."""
+    args = ["learner.epochs=4", "learner.minibatches=3", "learner.lr=1e-2", "learner.kl_stop=1e-12"]
+    runs = {}
+    for tail in (False, True):
+        _, learner = make_learner([*args, f"learner.critic_tail={str(tail).lower()}"])
+        before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+        m = learner.update([segment([1.0, 0.0, 2.0, 0.0, -1.0, 3.0]) for _ in range(2)])
+        runs[tail] = (before, learner.policy.state_dict(), m, learner.version)
+    (b0, a0, m0, v0), (b1, a1, m1, v1) = runs[False], runs[True]
+    assert v0 == v1 == 1 and m0["learner/opt_steps"] == m1["learner/opt_steps"] == 1
+    assert m0["learner/critic_tail_steps"] == 0 and m1["learner/critic_tail_steps"] == 11
+    critic = [k for k in a1 if k.startswith("value_head.")]
+    assert critic and all(torch.equal(a0[k], a1[k]) for k in a1 if k not in critic)
+    moved = [float((a[k] - b[k]).norm()) for (b, a) in ((b0, a0), (b1, a1)) for k in critic[:1]]
+    assert moved[1] > moved[0] > 0
+
+
+def test_critic_tail_needs_kl_stop_and_a_critic_apart_from_the_actor():
+    from acce.configlib import ConfigError
+    with pytest.raises(ConfigError, match="learner.critic_tail"):
+        load(None, ["learner.critic_tail=true"])
+    with pytest.raises(ValueError, match="shares the encoder"):
+        make_learner(["learner.kl_stop=0.01", "learner.critic_tail=true", "policy.value_stop_gradient=false"])
+
+
 def test_kl_stop_must_not_be_negative():
     from acce.configlib import ConfigError
     with pytest.raises(ConfigError, match="learner.kl_stop"):
