@@ -42,4 +42,5 @@ def collate(segments: Sequence[Segment], stamp: str | None = None) -> dict[str, 
 
 
 def select_rows(inputs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
+    """The minibatch rows `idx` of collate()'s flat inputs (instructions are a list, the rest arrays)."""
     return {k: ([v[i] for i in idx] if k == INSTRUCTION_KEY else v[idx]) for k, v in inputs.items()}

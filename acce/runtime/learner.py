@@ -295,17 +295,19 @@ class Learner:
                 else:
                     batch = self.policy.with_lang(select_rows(data["inputs"], idx))
                     mean, log_std, values, *aux = self.policy(batch, return_aux=cfg.aux_coef > 0)
-                logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
-                entropy = self.policy.entropy(log_std, mask[it])
-                args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
-                if cfg.algorithm == "ppo":
-                    pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, mask=pg_mask[it])
-                else:
-                    pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
-                if not stopped and cfg.kl_stop > 0 and steps > 0 and stats["is/approx_kl"] > 1.5 * cfg.kl_stop:
-                    stopped = True  # this update has moved the policy far enough (learner.kl_stop)
-                    if not cfg.critic_tail:
-                        break
+                if not stopped:  # (after a stop, learner.critic_tail needs only the values)
+                    logp = self.policy.log_prob(mean, log_std, chunk[it], mask[it])
+                    entropy = self.policy.entropy(log_std, mask[it])
+                    args = (logp, tg["logp_prox"][it], tg["behavior_logp"][it], adv[it])
+                    if cfg.algorithm == "ppo":
+                        pl, stats = decoupled_ppo_loss(*args, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap,
+                                                       mask=pg_mask[it])
+                    else:
+                        pl, stats = gipo_loss(*args, sigma=cfg.gipo_sigma, is_cap=cfg.is_cap, mask=pg_mask[it])
+                    if cfg.kl_stop > 0 and steps > 0 and stats["is/approx_kl"] > 1.5 * cfg.kl_stop:
+                        stopped = True  # this update has moved the policy far enough (learner.kl_stop)
+                        if not cfg.critic_tail:
+                            break
                 vl = value_loss(values, tg["returns_std"][it], tg["old_values_std"][it], clip=cfg.value_clip)
                 if stopped:  # learner.critic_tail: only the critic, which shares no weight with the actor, steps on
                     self._step(cfg.vf_coef * vl)
