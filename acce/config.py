@@ -265,6 +265,10 @@ class TrainConfig:
     max_versions: int = 0
     """stop after this many learner versions (0: no limit); the learner itself takes no batch past it, so a run
     overshoots by at most one update's optimizer steps however slowly the driver polls"""
+    job_max_wall_s: float = 0.0
+    """the whole job's wall-clock budget in seconds, warm start and evaluations included (0 = none): the RL phase
+    ends early enough for the final evaluations to fit, their time estimated from version 0's (a resumed run counts
+    from its own start). summary.json's `stop_reason` and `phase_wall_s` say what ended RL and where the time went"""
     stop_at_success: float = 0.0
     """stop once a periodic evaluation (eval.every_versions, validation seeds) reaches this held-out success on
     every task (0 = off); `acce bench wm` uses it to measure env steps to a success level"""

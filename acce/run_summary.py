@@ -48,6 +48,7 @@ def run_summary(trainer, results, stats) -> dict[str, Any]:
             "staleness_mean": float(np.mean([m for m, _ in trainer.staleness])) if trainer.staleness else None,
             "staleness_max": float(max(x for _, x in trainer.staleness)) if trainer.staleness else None,
             "job_wall_s": time.time() - trainer.job_t0, **machine_info(),
+            "stop_reason": trainer.stop_reason, "phase_wall_s": trainer.phase_s,
             "worker_restarts": trainer.counters.get("worker_restarts", 0),
             "test": test_block(trainer),
             **{f"inference_{k.removeprefix('inference/')}": v

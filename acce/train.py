@@ -57,6 +57,10 @@ class Trainer:
         self.final_version: int | None = None  # the last learner version of this run (set when the RL loop ends)
         self.selected: dict[str, Any] | None = None  # select_on_val: the best validation {version, val_success, policy}
         self.job_t0 = time.time()
+        self.phase_s: dict[str, float] = {}
+        """wall-clock seconds per phase of this process: warm_start, start_evals, rl, final_evals"""
+        self.stop_reason = ""
+        """what ended the RL phase: a train budget's name, 'stop_at_success', or '' while it runs"""
         self.resume_data = load_checkpoint(self.run_dir) if resume else None
         self.evaluator = make_eval_role(cfg, self.place)
         """EvaluatorRole: evaluate() submits, ticks and drains it"""
@@ -172,6 +176,8 @@ class Trainer:
         cfg = self.cfg
         learner = self.build_learner()
         start_version = learner.version
+        self.phase_s["warm_start"] = time.time() - self.job_t0
+        t_evals = time.time()
         if not self.history:  # the starting point (e.g. the BC warm start): what RL's gain is measured from.
             # Evaluated before any actor runs, so it neither eats the RL wall-clock budget nor overlaps rollouts
             state0 = learner.policy.policy_state()
@@ -179,6 +185,9 @@ class Trainer:
                 self.evaluate(state0, start_version, video=False, split="val")
             if cfg.train.final_eval and cfg.eval.test_at_start:
                 self.evaluate(state0, start_version, video=False, split="test")
+            # what the final evaluations will cost (train.job_max_wall_s), kept so that a resumed run knows it too
+            self.counters["start_evals_s"] = time.time() - t_evals
+        self.phase_s["start_evals"] = time.time() - t_evals
         runtime = self.make_runtime(learner)
         t_start, wall0 = time.time(), self.counters["wall_s"]
         last_eval, last_ckpt, last_log = start_version, start_version, 0.0
@@ -195,7 +204,7 @@ class Trainer:
             if cfg.eval.background and cfg.eval.every_versions:
                 from acce.runtime.eval_role import EvalThread
                 ticker = EvalThread(self.evaluator)
-            while not self._reached_target():  # (the warm start may already be there)
+            while not (self._reached_target() and self._stop("stop_at_success")):  # (v0 may already be there)
                 out = runtime.poll()
                 stats = self._count(runtime.stats(), steps0, imagined0, restarts0, wall0 + time.time() - t_start)
                 version = stats.learner_version
@@ -223,8 +232,14 @@ class Trainer:
                 if version - last_ckpt >= cfg.train.checkpoint_every_versions:
                     last_ckpt = version
                     self.checkpoint(runtime)
-                if self._budget_done(elapsed, version):
+                if self._stop(self._budget_done(elapsed, version)):
                     break
+            self.phase_s["rl"] = time.time() - t_start
+            if self.stop_reason == "job_max_wall_s" and self.progress:
+                print(f"[acce] the RL phase ended after {self.phase_s['rl']:.0f} s to keep the job within "
+                      f"train.job_max_wall_s={cfg.train.job_max_wall_s:g} s (final evaluations: about "
+                      f"{self.counters.get('start_evals_s', 0.0):.0f} s)", flush=True)
+            t_final = time.time()
             tail = runtime.stop()
             if ticker:  # the last periodic evaluation still counts: wait for it, then evaluate in place
                 ticker.wait_idle()
@@ -252,6 +267,7 @@ class Trainer:
             if cfg.train.final_eval:
                 results = self.evaluate(reported, reported_version, video=True, split="test")
             self.checkpoint(runtime)
+            self.phase_s["final_evals"] = time.time() - t_final
         finally:
             bar.close()
             if ticker:
@@ -286,11 +302,20 @@ class Trainer:
         last = next((h for h in reversed(self.history) if h.get("split", "val") == "val"), {})
         return target > 0 and all(last.get(f"eval/success/{t}/val", 0.0) >= target for t in self.cfg.env.tasks)
 
-    def _budget_done(self, elapsed: float, version: int) -> bool:
+    def _budget_done(self, elapsed: float, version: int) -> str:
+        """The name of the train budget the RL phase has spent ('' = none yet). train.job_max_wall_s leaves the
+        final evaluations the time version 0's took (the same episodes and policy size)"""
         t = self.cfg.train
-        return (t.max_wall_s > 0 and elapsed >= t.max_wall_s) or \
-            (t.max_env_steps > 0 and self.counters["env_steps"] >= t.max_env_steps) or \
-            (t.max_versions > 0 and version >= t.max_versions)
+        job_s = time.time() - self.job_t0 + self.counters.get("start_evals_s", 0.0)
+        return ("max_wall_s" if t.max_wall_s > 0 and elapsed >= t.max_wall_s else
+                "max_env_steps" if t.max_env_steps > 0 and self.counters["env_steps"] >= t.max_env_steps else
+                "max_versions" if t.max_versions > 0 and version >= t.max_versions else
+                "job_max_wall_s" if t.job_max_wall_s > 0 and job_s >= t.job_max_wall_s else "")
+
+    def _stop(self, reason: str) -> bool:
+        """Note what ended the RL phase (summary.json's stop_reason); False for ''"""
+        self.stop_reason = self.stop_reason or reason
+        return bool(reason)
 
     def _count(self, stats, steps0: int, imagined0: int, restarts0: int, wall_s: float):
         """Run totals from the runtime's RuntimeStats (this run's counts on top of a resumed run's)."""
