@@ -288,6 +288,11 @@ class TrainConfig:
     log_every_s: float = 5.0
     """TensorBoard scalar period"""
 
+    def __post_init__(self) -> None:
+        for name in ("max_wall_s", "max_env_steps", "max_versions", "job_max_wall_s", "stop_at_success"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+
 
 @dataclass(frozen=True)
 class Config:

@@ -50,3 +50,10 @@ def test_without_a_job_budget_the_train_budget_ends_rl(tmp_path):
                  "runtime.kind=local", "--quiet"]) == 0
     s = json.loads((run / "summary.json").read_text())
     assert s["stop_reason"] == "max_versions" and s["learner_version"] >= 6
+
+
+def test_a_negative_budget_is_one_clear_error():
+    import pytest
+    from acce.configlib import ConfigError
+    with pytest.raises(ConfigError, match=r"train.job_max_wall_s must be >= 0"):
+        load("configs/debug.yaml", ["train.job_max_wall_s=-5"])
