@@ -1,7 +1,7 @@
 """`bc.*`: the behavior-cloning warm start (scripted demos, DAgger, perception aux loss, random-latency cloning)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from acce.configlib import ConfigError
 
@@ -36,6 +36,10 @@ class BCConfig:
     expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
     dagger_episodes: int = 300
     """policy episodes per DAgger round, split over env.tasks"""
+    task_weights: dict[str, float] = field(default_factory=dict)
+    """relative share of each task (named as in env.tasks; a task not named weighs 1) in the recorded demos and the
+    DAgger episodes, e.g. {push: 3} to spend them on the task that clones worst; {} = evenly. Cloning batches draw
+    every decision equally likely, so a task's share of them follows its recorded steps"""
     aux_loss_coef: float = 0.0
     """weight of the perception auxiliary loss (0 = off): demos and DAgger rollouts record the simulator's
     privileged positions of the instruction's object and goal (obs["aux"]), and an aux head on the trunk's action

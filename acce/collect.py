@@ -22,8 +22,22 @@ EnvFactory = Callable[..., Any]
 expert_actions(), task_names, seeds"""
 
 
+def split_episodes(episodes: int, tasks: list[str], weights: dict[str, float] | None = None) -> dict[str, int]:
+    """`episodes` over `tasks` in proportion to their weights (a task not named weighs 1; none: evenly), by largest
+    remainder, ties to the earlier task, so the counts always sum to `episodes`."""
+    w = np.array([float((weights or {}).get(t, 1.0)) for t in tasks])
+    if not w.sum() > 0:
+        raise ValueError(f"task weights {weights} give every task of {tasks} weight 0")
+    exact = episodes * w / w.sum()
+    counts = np.floor(exact).astype(int)
+    for k in sorted(range(len(tasks)), key=lambda k: (-(exact[k] - counts[k]), k))[:episodes - int(counts.sum())]:
+        counts[k] += 1
+    return {t: int(c) for t, c in zip(tasks, counts)}
+
+
 def collect(cfg: CollectConfig, make_env: EnvFactory, store, *, seed: int = 0, progress: bool = True) -> dict:
-    """Record cfg.episodes episodes split evenly over cfg.tasks; returns the per-task summary of this run.
+    """Record cfg.episodes episodes split over cfg.tasks (evenly, or by cfg.task_weights); returns the per-task summary
+    of this run.
 
     Finished episodes are written WRITE_BATCH at a time, and whatever is left at the end; each batch is committed
     atomically, so a crash loses at most the episodes not yet written, never part of one.
@@ -32,8 +46,7 @@ def collect(cfg: CollectConfig, make_env: EnvFactory, store, *, seed: int = 0, p
 
     rng = np.random.default_rng(seed)
     stats: dict[str, dict[str, float]] = defaultdict(lambda: {"episodes": 0, "successes": 0, "steps": 0})
-    per_task = {t: cfg.episodes // len(cfg.tasks) + (1 if k < cfg.episodes % len(cfg.tasks) else 0)
-                for k, t in enumerate(cfg.tasks)}
+    per_task = split_episodes(cfg.episodes, list(cfg.tasks), cfg.task_weights)
     bar = tqdm(total=cfg.episodes, desc="collect", unit="ep", disable=not progress, dynamic_ncols=True)
     try:  # the bar ends its line even when a write fails, so an error line is never glued onto it
         pending: list[Episode] = []  # finished, not yet written

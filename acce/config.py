@@ -74,10 +74,24 @@ class EnvConfig:
             raise ConfigError(f"env.task_params names task(s) {bad} that are not in env.tasks {list(self.tasks)}")
 
 
+def check_task_weights(name: str, weights: dict[str, float], tasks: tuple[str, ...]) -> None:
+    """One ConfigError for task weights that name a task outside `tasks`, are negative, or zero every task."""
+    unknown = [t for t in weights if t not in tasks]
+    if unknown:
+        raise ConfigError(f"{name} names task(s) {unknown} that are not in the tasks {list(tasks)}")
+    bad = {t: w for t, w in weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
+    if bad:
+        raise ConfigError(f"{name} must map task names to weights >= 0, got {bad}")
+    if weights and not any(weights.get(t, 1.0) > 0 for t in tasks):
+        raise ConfigError(f"{name} {weights} leaves every task at weight 0")
+
+
 @dataclass(frozen=True)
 class CollectConfig:
     tasks: tuple[str, ...] = ("reach",)
-    """tasks to record, episodes split evenly between them"""
+    """tasks to record, episodes split evenly between them unless task_weights says otherwise"""
+    task_weights: dict[str, float] = field(default_factory=dict)
+    """relative share of each task's episodes (a task not named weighs 1), e.g. {push: 3}; {} = evenly"""
     policy: str = "expert"
     """who acts: 'expert' (scripted, privileged state)"""
     episodes: int = 100
@@ -110,6 +124,7 @@ class CollectConfig:
             raise ConfigError(f"collect.instruction_split must be 'train' or 'heldout', got {self.instruction_split!r}")
         if not 0.0 <= self.noisy_fraction <= 1.0 or self.noise_std < 0:
             raise ConfigError("collect.noisy_fraction must be in [0, 1] and collect.noise_std >= 0")
+        check_task_weights("collect.task_weights", self.task_weights, self.tasks)
         unlabelled = [t for t in self.tasks if not has_aux_labels(t)]
         if self.aux_labels and unlabelled:
             raise ConfigError(f"collect.aux_labels: the sim has no aux labels for {unlabelled}; record them without")
@@ -369,6 +384,7 @@ class Config:
         if self.policy.critic == "privileged" and unlabelled:
             raise ConfigError(f"policy.critic=privileged reads the sim's privileged labels (obs['aux']); {unlabelled} "
                               "have none: use policy.critic=trunk")
+        check_task_weights("bc.task_weights", self.bc.task_weights, self.env.tasks)
         check_imagination(self)
 
 

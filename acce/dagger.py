@@ -27,11 +27,14 @@ from acce.types import INSTRUCTION_KEY, Episode
 def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], episodes: int, *, chunk_len: int,
                     exec_horizon: int, num_envs: int = 8, noise_std: float = 0.0, seed: int = 0,
                     progress: bool = True, desc: str = "dagger rollouts", max_delay: int = 0,
-                    random_delay_steps: int = 0, min_delay_steps: int = 0, delay_inputs: bool = True
+                    random_delay_steps: int = 0, min_delay_steps: int = 0, delay_inputs: bool = True,
+                    task_weights: dict[str, float] | None = None
                     ) -> tuple[list[Episode], list[np.ndarray], dict[str, float]]:
     """Run `policy` (a VLAPolicy, deterministic mean chunks) for `episodes` episodes split over `tasks`.
     Latency d is drawn from min_delay_steps … random_delay_steps; delay_inputs=False runs a delay-naive policy
     (inputs d = 0, no prefix) whose chunks still take over d steps late from position d (the execution trick).
+
+    task_weights (bc.task_weights) splits the episodes over tasks in those proportions instead of evenly.
 
     Returns (episodes, expert labels (T, A) per episode, success rate per task of the policy itself)."""
     import torch
@@ -47,7 +50,8 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
     out: list[Episode] = []
     labels_out: list[np.ndarray] = []
     success: dict[str, list[bool]] = {t: [] for t in tasks}
-    per_task = {t: episodes // len(tasks) + (1 if k < episodes % len(tasks) else 0) for k, t in enumerate(tasks)}
+    from acce.collect import split_episodes
+    per_task = split_episodes(episodes, tasks, task_weights)
     bar = tqdm(total=episodes, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
     was_training = policy.training
     policy.eval()

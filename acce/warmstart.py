@@ -85,8 +85,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                             aux_labels=aux, privileged_state=cfg.env.privileged_state, **kw)
     if missing > 0:
         with store.removed_if_failed_empty():  # a run that fails before any demo leaves no empty demos.zarr
-            ccfg = CollectConfig(tasks=cfg.env.tasks, episodes=missing, noise_std=cfg.bc.noise_std,
-                                 noisy_fraction=0.5, num_envs=cfg.env.num_envs, out=str(demo_path))
+            ccfg = CollectConfig(tasks=cfg.env.tasks, task_weights=cfg.bc.task_weights, episodes=missing,
+                                 noise_std=cfg.bc.noise_std, noisy_fraction=0.5, num_envs=cfg.env.num_envs, out=str(demo_path))
             summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
@@ -123,7 +123,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                 exec_horizon=cfg.rollout.execution_horizon, num_envs=cfg.env.num_envs,
                 seed=cfg.run.seed * 1000 + r, progress=progress, desc=f"DAgger round {r + 1}/{rounds}",
                 max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps,
-                min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs)
+                min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs,
+                task_weights=cfg.bc.task_weights)
             data.extend(episodes, labels)
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success
