@@ -37,9 +37,9 @@ class BCConfig:
     dagger_episodes: int = 300
     """policy episodes per DAgger round, split over env.tasks"""
     task_weights: dict[str, float] = field(default_factory=dict)
-    """relative share of each task (named as in env.tasks; a task not named weighs 1) in the recorded demos and the
-    DAgger episodes, e.g. {push: 3} to spend them on the task that clones worst; {} = evenly. Cloning batches draw
-    every decision equally likely, so a task's share of them follows its recorded steps"""
+    """relative share of each task in the recorded demos and the DAgger episodes, e.g. {push: 3} to spend them on
+    the task that clones worst; a task not named weighs 1, a weight for a task outside env.tasks is unused; {} =
+    evenly. Cloning batches draw every decision equally likely, so a task's share of them follows its steps"""
     aux_loss_coef: float = 0.0
     """weight of the perception auxiliary loss (0 = off): demos and DAgger rollouts record the simulator's
     privileged positions of the instruction's object and goal (obs["aux"]), and an aux head on the trunk's action

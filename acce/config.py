@@ -75,10 +75,12 @@ class EnvConfig:
 
 
 def check_task_weights(name: str, weights: dict[str, float], tasks: tuple[str, ...]) -> None:
-    """One ConfigError for task weights that name a task outside `tasks`, are negative, or zero every task."""
-    unknown = [t for t in weights if t not in tasks]
+    """One ConfigError for task weights that name no known task, are negative, or zero every one of `tasks`. A
+    known task outside `tasks` is allowed and unused, so a preset's weights survive an env.tasks override."""
+    unknown = [t for t in weights if t not in KNOWN_TASKS and t.removeprefix(METAWORLD_PREFIX) not in METAWORLD_TASKS]
     if unknown:
-        raise ConfigError(f"{name} names task(s) {unknown} that are not in the tasks {list(tasks)}")
+        raise ConfigError(f"{name} names unknown task(s) {unknown}; known: {list(KNOWN_TASKS)} or "
+                          "metaworld/<name>-v3 (`acce tasks` lists them)")
     bad = {t: w for t, w in weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
     if bad:
         raise ConfigError(f"{name} must map task names to weights >= 0, got {bad}")

@@ -24,14 +24,22 @@ def test_episodes_split_by_weight_with_largest_remainders():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("bc.task_weights={pick_place: 3}", "not in the tasks"),
+    ("bc.task_weights={pussh: 3}", "unknown task"),
     ("bc.task_weights={push: -1}", ">= 0"),
     ("bc.task_weights={push: 0, reach: 0}", "weight 0"),
-    ("collect.task_weights={bogus: 3}", "not in the tasks"),
+    ("collect.task_weights={bogus: 3}", "unknown task"),
 ])
 def test_bad_task_weights_are_one_config_error(override, message):
     with pytest.raises(ConfigError, match=message):
         load("configs/default.yaml", [override])
+
+
+def test_a_presets_weights_survive_an_env_tasks_override():
+    """the main job's {push: 3} must not break `acce train --config configs/default.yaml "env.tasks=[reach]"`"""
+    assert load("configs/default.yaml", ["env.tasks=[reach]"]).bc.task_weights == {"push": 3.0}
+    assert load("configs/default.yaml", ["env.tasks=[metaworld/reach-v3]"]).env.tasks == ("metaworld/reach-v3",)
+    with pytest.raises(ConfigError, match="weight 0"):
+        load("configs/default.yaml", ["env.tasks=[reach]", "bc.task_weights={reach: 0}"])
 
 
 def test_collect_records_the_weighted_split(tmp_path, capsys):
