@@ -15,7 +15,7 @@ from acce.data_config import DatasetConfig
 from acce.device import DEVICES
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
-from acce.task_names import KNOWN_TASKS, METAWORLD_PREFIX, METAWORLD_TASKS, has_aux_labels
+from acce.task_names import KNOWN_TASKS, has_aux_labels, is_known_task
 from acce.wm_config import ImaginationConfig, WMConfig, check_imagination
 
 
@@ -58,8 +58,7 @@ class EnvConfig:
     env does not hold back the others); false: lockstep, every step waits for the slowest env"""
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.tasks if t not in KNOWN_TASKS and t.removeprefix(METAWORLD_PREFIX) not in
-                   METAWORLD_TASKS]
+        unknown = [t for t in self.tasks if not is_known_task(t)]
         if unknown:
             raise ConfigError(f"env.tasks: unknown task(s) {unknown}; known: {list(KNOWN_TASKS)} or "
                               "metaworld/<name>-v3 (`acce tasks` lists them)")
@@ -77,7 +76,7 @@ class EnvConfig:
 def check_task_weights(name: str, weights: dict[str, float], tasks: tuple[str, ...]) -> None:
     """One ConfigError for task weights that name no known task, are negative, or zero every one of `tasks`. A
     known task outside `tasks` is allowed and unused, so a preset's weights survive an env.tasks override."""
-    unknown = [t for t in weights if t not in KNOWN_TASKS and t.removeprefix(METAWORLD_PREFIX) not in METAWORLD_TASKS]
+    unknown = [t for t in weights if not is_known_task(t)]
     if unknown:
         raise ConfigError(f"{name} names unknown task(s) {unknown}; known: {list(KNOWN_TASKS)} or "
                           "metaworld/<name>-v3 (`acce tasks` lists them)")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from acce.collect import split_episodes
 from acce.types import INSTRUCTION_KEY, Episode
 
 
@@ -50,7 +51,6 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
     out: list[Episode] = []
     labels_out: list[np.ndarray] = []
     success: dict[str, list[bool]] = {t: [] for t in tasks}
-    from acce.collect import split_episodes
     per_task = split_episodes(episodes, tasks, task_weights)
     bar = tqdm(total=episodes, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
     was_training = policy.training

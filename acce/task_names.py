@@ -29,6 +29,11 @@ def is_metaworld(name: str) -> bool:
     return name.startswith(METAWORLD_PREFIX)
 
 
+def is_known_task(name: str) -> bool:
+    """Whether env.tasks may name it: a tabletop task or a Meta-World v3 task (with or without its prefix)."""
+    return name in KNOWN_TASKS or name.removeprefix(METAWORLD_PREFIX) in METAWORLD_TASKS
+
+
 def has_aux_labels(name: str) -> bool:
     """Whether the sim can record privileged aux labels (obs["aux"]) for a task: every tabletop and Meta-World v3
     task can (object xy, goal xy); unknown names cannot."""

@@ -86,7 +86,8 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
     if missing > 0:
         with store.removed_if_failed_empty():  # a run that fails before any demo leaves no empty demos.zarr
             ccfg = CollectConfig(tasks=cfg.env.tasks, task_weights=cfg.bc.task_weights, episodes=missing,
-                                 noise_std=cfg.bc.noise_std, noisy_fraction=0.5, num_envs=cfg.env.num_envs, out=str(demo_path))
+                                 noise_std=cfg.bc.noise_std, noisy_fraction=0.5, num_envs=cfg.env.num_envs,
+                                 out=str(demo_path))
             summary = collect(ccfg, make_env, store, seed=cfg.run.seed, progress=progress)
         metrics.scalars({f"bc/demo_success/{t}": s["success_rate"] for t, s in summary.items()}, 0)
     data = DemoDataset(list(store.iter_episodes()), cfg.policy.chunk_len, cfg.policy.max_delay_steps,
