@@ -254,7 +254,10 @@ class EvalConfig:
     train_instructions: bool = False
     """also evaluate with the train paraphrases (cells <task>/<split>/train_instr); reports use held-out ones"""
     num_envs: int = 8
-    """envs stepped together during evaluation"""
+    """envs stepped together during evaluation, per env group"""
+    groups: int = 2
+    """env groups per evaluation cell, each on its own thread with the cell's seeds dealt round-robin: one group's
+    simulator steps while another's batch is in the policy (1 = one group, the previous behaviour)"""
     video: bool = True
     """log one evaluation episode per task as a TensorBoard video"""
     background: bool = False
@@ -262,9 +265,9 @@ class EvalConfig:
     time: a due evaluation waits while one runs); off, each pauses the loop. Version 0 and the final run in place"""
 
     def __post_init__(self) -> None:
-        if self.every_versions < 0 or self.episodes_per_task <= 0 or self.test_episodes_per_task <= 0:
+        if self.every_versions < 0 or min(self.episodes_per_task, self.test_episodes_per_task, self.groups) <= 0:
             raise ConfigError("eval.every_versions must be >= 0 and eval.episodes_per_task / "
-                              "eval.test_episodes_per_task positive")
+                              "eval.test_episodes_per_task / eval.groups positive")
 
     @property
     def instructions(self) -> tuple[str, ...]:

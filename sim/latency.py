@@ -21,10 +21,12 @@ Latency file formats accepted by `EmpiricalLatency.from_file` (latencies always 
 Every value must be finite and >= 0, and there must be at least one.
 
 All randomness comes from a seeded `numpy.random.Generator`, so a model built with the same seed yields the same
-sequence of draws (`sample_steps` and `sample_latency_s` share that generator).
+sequence of draws (`sample_steps` and `sample_latency_s` share that generator). `spawn(key)` gives a model of the
+same law for a parallel user (an evaluation's env group) with its own generator derived from the seed and key.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -65,6 +67,13 @@ def _check_latency_s(name: str, value: float) -> float:
     return value
 
 
+def _child_rng(rng: np.random.Generator, key: int) -> np.random.Generator:
+    """A generator derived from rng's seed and key (SeedSequence spawn keys): the same key always gives the same
+    draws, different keys independent ones, and the parent's own draws are untouched."""
+    seq = rng.bit_generator.seed_seq
+    return np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, int(key))))
+
+
 class FixedLatency:
     """Every request takes exactly `steps` control steps (d = 0 is the no-latency baseline)."""
 
@@ -93,6 +102,10 @@ class FixedLatency:
 
     def sample_steps(self) -> int:
         return self.steps
+
+    def spawn(self, key: int) -> "FixedLatency":
+        """Stateless: parallel users can share this model."""
+        return self
 
     def sample_latency_s(self) -> float:
         if self.latency_s is None:
@@ -125,6 +138,13 @@ class UniformLatency:
 
     def sample_steps(self) -> int:
         return latency_to_steps(self.sample_latency_s(), self.control_hz)
+
+    def spawn(self, key: int) -> "UniformLatency":
+        """The same law with its own generator (derived from this one's seed and key): one per parallel user, so no
+        draw depends on which thread asks first."""
+        child = UniformLatency(self.low_s, self.high_s, self.control_hz)
+        child._rng = _child_rng(self._rng, key)
+        return child
 
     def __repr__(self) -> str:
         return f"UniformLatency(low_s={self.low_s}, high_s={self.high_s}, control_hz={self.control_hz})"
@@ -170,6 +190,12 @@ class EmpiricalLatency:
 
     def sample_steps(self) -> int:
         return int(self._steps[self._draw_index()])
+
+    def spawn(self, key: int) -> "EmpiricalLatency":
+        """The same measurements with their own generator (derived from this one's seed and key); see UniformLatency."""
+        child = copy.copy(self)
+        child._rng = _child_rng(self._rng, key)
+        return child
 
     def __repr__(self) -> str:
         return (f"EmpiricalLatency(n={self.latencies_s.size}, median_s={np.median(self.latencies_s):.4g}, "

@@ -10,6 +10,7 @@ evaluation sees the same latency semantics); nothing it produces ever reaches th
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -20,20 +21,32 @@ from acce.stats import wilson_interval
 
 _SPARE_SEEDS = 5_000_000
 """slots that finished their share keep resetting onto seeds from here; those episodes are not counted"""
+_SPARE_STRIDE = 100_000
+"""env group g's spare seeds start at _SPARE_SEEDS + g * _SPARE_STRIDE (disjoint across groups)"""
 
 
 class Evaluator:
     def __init__(self, make_env: Callable[..., Any], server, *, tasks, episodes: int = 20, num_envs: int = 8,
                  chunk_len: int = 8, exec_horizon: int = 4, max_delay: int = 0, latency=None,
-                 delay_aware: bool = True, max_steps: int = 10_000, probe: Callable[..., None] | None = None):
+                 delay_aware: bool = True, max_steps: int = 10_000, probe: Callable[..., None] | None = None,
+                 groups: int = 1):
+        if int(groups) < 1:
+            raise ValueError(f"groups must be >= 1 (env groups per evaluation cell), got {groups}")
         self.make_env, self.server = make_env, server
         self.tasks, self.episodes, self.num_envs = tuple(tasks), episodes, num_envs
         self.chunk_len, self.exec_horizon, self.max_delay = chunk_len, exec_horizon, max_delay
         self.latency, self.delay_aware, self.max_steps = latency, delay_aware, max_steps
         self.probe = probe
         """called as probe(task, control steps, observation batch, request) at every decision (acce.runtime.aux_probe)"""
+        self.groups = int(groups)
+        """env groups per cell, each num_envs envs on its own thread (eval.groups): one group's simulator steps while
+        another's batch is in the policy (MuJoCo and torch release the GIL)"""
         self._bar, self._wins = None, 0
         """run()'s progress bar over the episodes and the successes counted in it"""
+        self._lock = threading.Lock()
+        """the groups' shared state: progress bar, probe, latency spawns"""
+        self._spawned = 0
+        """latency models spawned for groups > 0 so far (each spawn gets the next key: its own draws)"""
 
     def run(self, seed_split: str = "test", instructions=("heldout",), video: bool = False,
             episodes: int | None = None, progress: bool = False) -> dict[str, Any]:
@@ -51,21 +64,53 @@ class Evaluator:
         self._bar = tqdm(total=episodes * len(self.tasks) * len(instructions), desc=f"eval [{seed_split} seeds]",
                          unit="ep", disable=not progress, dynamic_ncols=True)
         self._wins = 0
+        restore_threads = self._one_torch_thread()
         try:
             for split in instructions:
                 for task in self.tasks:
                     self._one_cell(results, task, split, seed_split, episodes, video)
         finally:
+            restore_threads()
             self._bar.close()
             self._bar = None
         return results
+
+    def _one_torch_thread(self) -> Callable[[], None]:
+        """With env groups on the main thread (the evaluation has the process to itself: `acce eval`, version 0 and
+        the final evaluations), forward passes use one torch thread, so the other core steps another group's envs
+        meanwhile (docs/decisions.md). Returns what restores the setting; a background evaluation changes nothing."""
+        if self.groups == 1 or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        import torch
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        return lambda: torch.set_num_threads(before)
+
+    def _group_latency(self, group: int):
+        """Group 0 draws from the evaluator's latency model; every other group from a model spawned from it (its own
+        generator, keyed by a counter), so no draw depends on which thread asks first. A model without `spawn`
+        (fixed or measured latency) is shared."""
+        spawn = getattr(self.latency, "spawn", None)
+        if group == 0 or spawn is None:
+            return self.latency
+        with self._lock:
+            self._spawned += 1
+            return spawn(self._spawned)
 
     def _one_cell(self, results: dict[str, Any], task: str, split: str, seed_split: str, episodes: int,
                   video: bool) -> None:
         """One (task, paraphrase set) cell on the first `episodes` seeds of the split, into results["per_task"]."""
         from acce.wiring import SEED_SPLIT_STARTS
         seeds = [SEED_SPLIT_STARTS[seed_split] + k for k in range(episodes)]
-        succ, lengths, returns, frames = self._run_task(task, split, seeds, seed_split, video and split == "heldout")
+        video = video and split == "heldout"
+        # seeds dealt round-robin over the groups; outcomes are per seed, so the cell is the same set of episodes
+        parts = [p for p in (seeds[g::self.groups] for g in range(self.groups)) if p]
+        jobs = [(task, split, part, seed_split, video and g == 0, g, self._group_latency(g))
+                for g, part in enumerate(parts)]
+        runs = [self._run_task(*jobs[0])] if len(jobs) == 1 else self._run_groups(jobs)
+        outcome = {seed: o for run_outcome, _ in runs for seed, o in run_outcome.items()}
+        frames = runs[0][1]
+        succ, lengths, returns = ([outcome[s][k] for s in seeds] for k in range(3))
         lo, hi = wilson_interval(int(sum(succ)), len(succ))
         key = f"{task}/{seed_split}" + ("" if split == "heldout" else "/train_instr")
         results["per_task"][key] = {
@@ -76,9 +121,34 @@ class Evaluator:
         if frames is not None:
             results["videos"][task] = frames
 
-    def _run_task(self, task: str, split: str, seeds: list[int], seed_split: str, video: bool):
+    def _run_groups(self, jobs: list[tuple]) -> list[tuple[dict[int, tuple[bool, int, float]], np.ndarray | None]]:
+        """_run_task(*job) for every job at once, one thread each (a thread per group, never a pool that could run two
+        groups one after the other); the first group's error is raised once every group has stopped."""
+        results: list[Any] = [None] * len(jobs)
+
+        def one(k: int) -> None:
+            try:
+                results[k] = self._run_task(*jobs[k])
+            except BaseException as exc:  # re-raised in the caller's thread below
+                results[k] = exc
+
+        threads = [threading.Thread(target=one, args=(k,), name=f"eval-group-{k}", daemon=True)
+                   for k in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def _run_task(self, task: str, split: str, seeds: list[int], seed_split: str, video: bool, group: int = 0,
+                  latency=None) -> tuple[dict[int, tuple[bool, int, float]], np.ndarray | None]:
+        """One env group over `seeds`: {seed: (success, length, return)} and the video clip (video: of seeds[0])."""
         n_env = min(self.num_envs, len(seeds))
-        seed_iter = iter(seeds[n_env:] + list(range(_SPARE_SEEDS, _SPARE_SEEDS + 10 * n_env + 1000)))
+        spare = _SPARE_SEEDS + group * _SPARE_STRIDE
+        seed_iter = iter(seeds[n_env:] + list(range(spare, spare + 10 * n_env + 1000)))
         env = self.make_env([task], n_env, seeds=seed_split, instruction_split=split, episode_seeds=seed_iter)
         target = set(seeds)
         outcome: dict[int, tuple[bool, int, float]] = {}
@@ -94,12 +164,13 @@ class Evaluator:
                     batch = env.observe(due)
                     inputs = []
                     for k, i in enumerate(due):
-                        d = 0 if self.latency is None else min(int(self.latency.sample_steps()), self.max_delay)
+                        d = 0 if latency is None else min(int(latency.sample_steps()), self.max_delay)
                         inputs.append((timelines[i].make_input(batch_row(batch, k), d), d))
                     req = stack_inputs([x for x, _ in inputs])
                     out = self.server.infer(req)
                     if self.probe is not None:
-                        self.probe(task, [timelines[i].t for i in due], batch, req)
+                        with self._lock:
+                            self.probe(task, [timelines[i].t for i in due], batch, req)
                     for k, (i, (inp, d)) in enumerate(zip(due, inputs)):
                         tl = timelines[i]
                         tl.add_decision(Decision(inp=inp, chunk=out["chunk"][k], logp_pos=out["logp_pos"][k],
@@ -119,10 +190,11 @@ class Evaluator:
                             outcome[seed] = (bool(step.episode_success[i]), int(step.info["episode_length"][i]),
                                              float(step.info["episode_return"][i]))
                             if self._bar is not None:
-                                self._wins += outcome[seed][0]
-                                self._bar.update(1)
-                                self._bar.set_postfix(task=task, refresh=False,
-                                                      success=f"{self._wins / max(self._bar.n, 1):.2f}")
+                                with self._lock:
+                                    self._wins += outcome[seed][0]
+                                    self._bar.update(1)
+                                    self._bar.set_postfix(task=task, refresh=False,
+                                                          success=f"{self._wins / max(self._bar.n, 1):.2f}")
                         tl.closed.clear()
                         tl.new_episode(0)
                 if len(outcome) == len(target):
@@ -132,9 +204,7 @@ class Evaluator:
                                    "steps; check the task's time limit")
         finally:
             env.close()
-        ordered = [outcome[s] for s in seeds]
-        clip = np.stack(frames) if frames else None
-        return [o[0] for o in ordered], [o[1] for o in ordered], [o[2] for o in ordered], clip
+        return outcome, np.stack(frames) if frames else None
 
 
 def eval_scalars(results: dict[str, Any]) -> dict[str, float]:

@@ -44,6 +44,7 @@ def test_typos_get_a_hint(override, message):
     ("train.stop_at_success=1.5", "must be in \\[0, 1\\]"),
     ("runtime.worker_resources={CPU: 1}", "runtime.worker_cpus"),
     ("runtime.worker_resources={rollout_node: 0}", "positive number"),
+    ("eval.groups=0", "eval.groups positive"),
 ])
 def test_bad_values_fail_with_one_clear_line(override, message):
     with pytest.raises(ConfigError, match=message) as info:

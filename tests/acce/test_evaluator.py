@@ -87,3 +87,76 @@ def test_a_cell_counts_exactly_the_first_seeds_and_names_the_failures(split):
     assert cell["seeds"] == [expected[0], expected[-1]]
     assert cell["mean_length"] == pytest.approx(np.mean([outcome(s)[1] for s in expected]))
     assert set(expected) <= set(envs[0].started) and server.calls > 0
+
+
+class ThreadRecordingServer(FakeServer):
+    """FakeServer that notes the torch thread count its forward passes would run with."""
+
+    def __init__(self):
+        super().__init__()
+        self.torch_threads: set[int] = set()
+
+    def infer(self, req):
+        import torch
+        self.torch_threads.add(torch.get_num_threads())
+        return super().infer(req)
+
+
+class SpawningLatency:
+    """A latency model that hands every parallel user its own child and notes which threads drew from which model."""
+
+    def __init__(self, key=0):
+        self.key, self.children, self.threads = key, [], set()
+
+    def sample_steps(self):
+        import threading
+        self.threads.add(threading.current_thread().name)
+        return 0
+
+    def spawn(self, key):
+        self.children.append(SpawningLatency(key))
+        return self.children[-1]
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+def test_env_groups_evaluate_the_same_seeds_on_their_own_threads(groups):
+    import threading
+
+    import torch
+
+    def run(n_groups, latency=None):
+        envs, threads = [], []
+
+        def make_env(tasks, n, seeds, instruction_split, episode_seeds):
+            threads.append(threading.current_thread().name)
+            envs.append(FakeVecEnv(n, episode_seeds))
+            return envs[-1]
+
+        server = ThreadRecordingServer()
+        ev = Evaluator(make_env, server, tasks=["reach"], episodes=20, num_envs=4, chunk_len=H, exec_horizon=2,
+                       groups=n_groups, latency=latency)
+        return ev.run("test")["per_task"]["reach/test"], envs, threads, server
+
+    before = torch.get_num_threads()
+    one, _, _, _ = run(1)
+    latency = SpawningLatency()
+    cell, envs, threads, server = run(groups, latency)
+    assert {k: cell[k] for k in ("n", "successes", "failed_seeds", "mean_length", "seeds")} == \
+        {k: one[k] for k in ("n", "successes", "failed_seeds", "mean_length", "seeds")}
+    assert len(envs) == groups and len(set(threads)) == groups and threading.main_thread().name not in threads
+    first = SEED_SPLIT_STARTS["test"]
+    for g, env in enumerate(envs):  # each group's own seeds, then spares no other group draws
+        mine = {first + k for k in range(20)}.intersection(env.started)
+        assert mine == {first + k for k in range(g, 20, groups)}
+    spares = [set(env.started) - {first + k for k in range(20)} for env in envs]
+    assert all(not (a & b) for i, a in enumerate(spares) for b in spares[i + 1:])
+    # group 0 draws from the evaluator's model, every other group from its own spawned child, one thread each
+    assert [c.key for c in latency.children] == list(range(1, groups))
+    assert all(len(m.threads) == 1 for m in [latency, *latency.children])
+    # forward passes ran on one torch thread while the groups shared the cores; the setting is restored afterwards
+    assert server.torch_threads == {1} and torch.get_num_threads() == before
+
+
+def test_groups_must_be_positive():
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        Evaluator(lambda *a, **k: None, FakeServer(), tasks=["reach"], groups=0)

@@ -228,3 +228,21 @@ def test_factory_errors():
         make_latency_model("uniform", control_hz=10.0, seed=0, low_s=0.5, high_s=0.1)
     with pytest.raises(ValueError, match="integer >= 0"):
         make_latency_model("fixed", control_hz=10.0, seed=0, fixed_steps=-1)
+
+
+@pytest.mark.parametrize("make", [lambda: UniformLatency(0.0, 0.9, 10.0, seed=3),
+                                  lambda: EmpiricalLatency([0.05, 0.15, 0.25, 0.35, 0.45], 10.0, seed=3)])
+def test_spawn_gives_each_parallel_user_its_own_reproducible_draws(make):
+    parent, twin = make(), make()
+    a, a_again, b = parent.spawn(1), twin.spawn(1), parent.spawn(2)
+    draws = lambda m: [m.sample_steps() for _ in range(40)]  # noqa: E731
+    first = draws(a)
+    assert first == draws(a_again)  # same seed and key: the same stream
+    assert first != draws(b)  # another key: another stream
+    assert draws(parent) == draws(twin)  # spawning never moved the parent's own generator
+    assert type(a) is type(parent) and a.max_steps == parent.max_steps
+
+
+def test_a_fixed_latency_is_shared_by_its_spawns():
+    fixed = FixedLatency(3, 10.0)
+    assert fixed.spawn(5) is fixed
