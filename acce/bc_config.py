@@ -36,6 +36,9 @@ class BCConfig:
     expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
     dagger_episodes: int = 300
     """policy episodes per DAgger round, split over env.tasks"""
+    dagger_groups: int = 2
+    """env groups per task in a DAgger round, each env.num_envs envs on its own thread with its own generator: one
+    group steps while another's batch is in the policy (1 = one group, the previous behaviour and data)"""
     task_weights: dict[str, float] = field(default_factory=dict)
     """relative share of each task in the recorded demos and the DAgger episodes, e.g. {push: 3} to spend them on
     the task that clones worst; a task not named weighs 1, a weight for a task outside env.tasks is unused; {} =
@@ -71,8 +74,8 @@ class BCConfig:
         if self.min_delay_steps and not 0 <= self.min_delay_steps <= self.random_delay_steps:
             raise ConfigError(f"bc.min_delay_steps={self.min_delay_steps} must be in [0, bc.random_delay_steps="
                               f"{self.random_delay_steps}]")
-        if self.dagger_rounds < 0 or self.dagger_episodes < 0:
-            raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0")
+        if self.dagger_rounds < 0 or self.dagger_episodes < 0 or self.dagger_groups < 1:
+            raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0, bc.dagger_groups >= 1")
         if not self.aux_loss_coef >= 0:
             raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
         if self.aux_frames < 0 or (self.aux_frames and not self.aux_loss_coef > 0):

@@ -125,7 +125,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                 seed=cfg.run.seed * 1000 + r, progress=progress, desc=f"DAgger round {r + 1}/{rounds}",
                 max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps,
                 min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs,
-                task_weights=cfg.bc.task_weights)
+                task_weights=cfg.bc.task_weights, groups=cfg.bc.dagger_groups)
             data.extend(episodes, labels)
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from acce.serving.timeline import Decision, EnvTimeline, stack_inputs
+from acce.threads import one_torch_thread, run_threads
 from acce.types import batch_row
 from acce.stats import wilson_interval
 
@@ -64,7 +65,7 @@ class Evaluator:
         self._bar = tqdm(total=episodes * len(self.tasks) * len(instructions), desc=f"eval [{seed_split} seeds]",
                          unit="ep", disable=not progress, dynamic_ncols=True)
         self._wins = 0
-        restore_threads = self._one_torch_thread()
+        restore_threads = one_torch_thread() if self.groups > 1 else (lambda: None)
         try:
             for split in instructions:
                 for task in self.tasks:
@@ -74,17 +75,6 @@ class Evaluator:
             self._bar.close()
             self._bar = None
         return results
-
-    def _one_torch_thread(self) -> Callable[[], None]:
-        """With env groups on the main thread (the evaluation has the process to itself: `acce eval`, version 0 and
-        the final evaluations), forward passes use one torch thread, so the other core steps another group's envs
-        meanwhile (docs/decisions.md). Returns what restores the setting; a background evaluation changes nothing."""
-        if self.groups == 1 or threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        import torch
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        return lambda: torch.set_num_threads(before)
 
     def _group_latency(self, group: int):
         """Group 0 draws from the evaluator's latency model; every other group from a model spawned from it (its own
@@ -107,7 +97,7 @@ class Evaluator:
         parts = [p for p in (seeds[g::self.groups] for g in range(self.groups)) if p]
         jobs = [(task, split, part, seed_split, video and g == 0, g, self._group_latency(g))
                 for g, part in enumerate(parts)]
-        runs = [self._run_task(*jobs[0])] if len(jobs) == 1 else self._run_groups(jobs)
+        runs = [self._run_task(*jobs[0])] if len(jobs) == 1 else run_threads(self._run_task, jobs, "eval-group")
         outcome = {seed: o for run_outcome, _ in runs for seed, o in run_outcome.items()}
         frames = runs[0][1]
         succ, lengths, returns = ([outcome[s][k] for s in seeds] for k in range(3))
@@ -120,28 +110,6 @@ class Evaluator:
             "failed_seeds": [s for s, ok in zip(seeds, succ) if not ok]}  # which layouts to look at first
         if frames is not None:
             results["videos"][task] = frames
-
-    def _run_groups(self, jobs: list[tuple]) -> list[tuple[dict[int, tuple[bool, int, float]], np.ndarray | None]]:
-        """_run_task(*job) for every job at once, one thread each (a thread per group, never a pool that could run two
-        groups one after the other); the first group's error is raised once every group has stopped."""
-        results: list[Any] = [None] * len(jobs)
-
-        def one(k: int) -> None:
-            try:
-                results[k] = self._run_task(*jobs[k])
-            except BaseException as exc:  # re-raised in the caller's thread below
-                results[k] = exc
-
-        threads = [threading.Thread(target=one, args=(k,), name=f"eval-group-{k}", daemon=True)
-                   for k in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        return results
 
     def _run_task(self, task: str, split: str, seeds: list[int], seed_split: str, video: bool, group: int = 0,
                   latency=None) -> tuple[dict[int, tuple[bool, int, float]], np.ndarray | None]:

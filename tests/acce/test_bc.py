@@ -176,6 +176,42 @@ def test_dagger_at_random_latency_runs_the_rollout_workers_schedule():
                         random_delay_steps=2)
 
 
+
+def test_dagger_groups_split_each_task_over_threads_and_repeat_with_the_seed():
+    import threading
+
+    from acce.dagger import dagger_rollouts
+    from acce.wiring import make_sim_env
+
+    made = []
+
+    def make_env(tasks, n, **kw):
+        made.append((threading.current_thread().name, kw["seed"], n))
+        return make_sim_env(tasks, n, image_size=32, **kw)
+
+    def run(groups):
+        made.clear()
+        PositionPolicy.seen = []
+        eps, labels, success = dagger_rollouts(
+            PositionPolicy(6), make_env, ["reach", "push"], 10, chunk_len=6, exec_horizon=2, num_envs=2, seed=5,
+            progress=False, max_delay=3, random_delay_steps=3, groups=groups)
+        return eps, labels, success, list(made)
+
+    eps, labels, success, envs = run(2)
+    assert [ep.task for ep in eps] == ["reach"] * 5 + ["push"] * 5 and set(success) == {"reach", "push"}
+    # two groups per task (3 + 2 episodes), each env made on a thread of its own, with its own layouts' seed
+    assert len(envs) == 4 and all(len({name for name, _, _ in pair}) == 2 for pair in (envs[:2], envs[2:]))
+    assert threading.main_thread().name not in {name for name, _, _ in envs}
+    assert len({seed for _, seed, _ in envs}) == 4
+    again = run(2)
+    assert [ep.seed for ep in again[0]] == [ep.seed for ep in eps]  # same seed, same data, in group order
+    for a, b in zip(again[1], labels):
+        np.testing.assert_array_equal(a, b)
+    one = run(1)[3]
+    assert len(one) == 2 and {name for name, _, _ in one} == {threading.main_thread().name}
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        dagger_rollouts(PositionPolicy(6), None, ["reach"], 1, chunk_len=6, exec_horizon=2, groups=0)
+
 def with_aux(ep, values):
     ep.obs["aux"] = np.asarray(values, np.float32)
     return ep
