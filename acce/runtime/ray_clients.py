@@ -4,6 +4,7 @@ the gate actor. Every remote wait is held to runtime.timeout_s. Restartable acto
 (`named`), never by a handle passed to their constructor."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -13,9 +14,15 @@ from acce.serving.inference import InferenceServer, ServerStats
 
 
 def set_torch_threads(n: int) -> None:
-    """Each actor process gets its own torch thread count (the default would claim every core per process)."""
-    import torch
-    torch.set_num_threads(max(1, n))
+    """Each actor process gets its own torch thread count (the default would claim every core per process). A
+    process that has not imported torch (a rollout worker steps MuJoCo and numpy only) is not made to import it here:
+    the count goes to OMP_NUM_THREADS, which torch reads if something imports it later. Importing torch cost each
+    rollout worker seconds of CPU while the learner and the server were importing theirs (docs/decisions.md)."""
+    import sys
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(max(1, n))
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, n))
 
 
 @ray.remote

@@ -301,3 +301,16 @@ def test_staleness_gate_gives_back_a_dead_workers_undelivered_admissions():
     # an env's next acquisition means its previous segment was delivered: only open slots are given back
     assert gate.try_acquire(2, 0, 3) and gate.try_acquire(2, 0, 3)
     assert gate.release_worker(2) == 1 and gate.release_worker(2) == 0 and gate.release_worker(7) == 0
+
+
+def test_a_role_process_without_torch_gets_its_thread_count_without_importing_torch():
+    """Rollout workers step MuJoCo and numpy only: set_torch_threads must not import torch there (seconds of start-up
+    CPU and ~150-270 MB per worker); a later import still gets the count through OMP_NUM_THREADS."""
+    import subprocess
+    import sys
+    code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None); "
+            "from acce.runtime.ray_roles import RoleHost; from acce.runtime.ray_clients import set_torch_threads; "
+            "set_torch_threads(1); print('torch' in sys.modules, os.environ['OMP_NUM_THREADS']); "
+            "import torch; print(torch.get_num_threads()); set_torch_threads(2); print(torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "1", "1", "2"]
