@@ -13,14 +13,16 @@ from ray.util.queue import Queue
 from acce.serving.inference import InferenceServer, ServerStats
 
 
-def set_torch_threads(n: int) -> None:
-    """Each actor process gets its own torch thread count (the default would claim every core per process). A
-    process that has not imported torch (a rollout worker steps MuJoCo and numpy only) is not made to import it here:
+def set_torch_threads(n: int, load: bool = True) -> None:
+    """Each actor process gets its own torch thread count (the default would claim every core per process).
+    load=False (a rollout worker, which steps MuJoCo and numpy only) does not import torch for this when nothing has:
     the count goes to OMP_NUM_THREADS, which torch reads if something imports it later. Importing torch cost each
-    rollout worker seconds of CPU while the learner and the server were importing theirs (docs/decisions.md)."""
+    rollout worker seconds of CPU while the learner and the server were importing theirs (docs/decisions.md). Roles
+    that run torch on several threads import it here, on the actor's main thread, before any method runs."""
     import sys
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(max(1, n))
+    if load or "torch" in sys.modules:
+        import torch
+        torch.set_num_threads(max(1, n))
     else:
         os.environ["OMP_NUM_THREADS"] = str(max(1, n))
 

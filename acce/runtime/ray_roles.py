@@ -23,9 +23,12 @@ from acce.runtime.roles import LearnerConsumer, RolloutProducer, rollout_kwargs
 class RoleHost:
     """The body of every role actor: build the role where it runs, tick it until stop, drain it, snapshot it."""
 
+    LOADS_TORCH = True
+    """whether the role's process imports torch at start-up (ray_clients.set_torch_threads)"""
+
     def __init__(self, build: Callable[[Callable[[], bool]], Any], threads: int = 1):
         """build(stopped) -> the role; `stopped` says when a blocking put or take inside it should give up."""
-        set_torch_threads(threads)
+        set_torch_threads(threads, load=self.LOADS_TORCH)
         self._stop = threading.Event()
         self.role = build(self._stop.is_set)
 
@@ -68,6 +71,8 @@ class RoleHost:
 @ray.remote(max_restarts=-1, max_task_retries=0, concurrency_groups={"loop": 1})
 class WorkerActor(RoleHost):
     """A simulator rollout producer (restartable)."""
+
+    LOADS_TORCH = False  # MuJoCo and numpy only
 
 
 @ray.remote(concurrency_groups={"loop": 1})

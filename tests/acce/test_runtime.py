@@ -310,7 +310,9 @@ def test_a_role_process_without_torch_gets_its_thread_count_without_importing_to
     import sys
     code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None); "
             "from acce.runtime.ray_roles import RoleHost; from acce.runtime.ray_clients import set_torch_threads; "
-            "set_torch_threads(1); print('torch' in sys.modules, os.environ['OMP_NUM_THREADS']); "
-            "import torch; print(torch.get_num_threads()); set_torch_threads(2); print(torch.get_num_threads())")
+            "set_torch_threads(1, load=False); print('torch' in sys.modules, os.environ['OMP_NUM_THREADS']); "
+            "import torch; print(torch.get_num_threads()); set_torch_threads(2, load=False); "
+            "print(torch.get_num_threads()); print(RoleHost.LOADS_TORCH, WorkerActor.LOADS_TORCH)")
+    code = code.replace("import RoleHost", "import RoleHost, WorkerActor")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "1", "1", "2"]
+    assert out == ["False", "1", "1", "2", "True", "False"]
