@@ -78,7 +78,7 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                       delay_inputs=delay_inputs)
     was_training = policy.training
     policy.eval()
-    restore_threads = one_torch_thread() if groups > 1 else (lambda: None)
+    restore_threads = one_torch_thread(groups)
     try:
         for task, quota in split_episodes(episodes, tasks, task_weights).items():
             if quota == 0:
@@ -87,7 +87,7 @@ def dagger_rollouts(policy, make_env: Callable[..., Any], tasks: list[str], epis
                 runs = [rollout(task, quota, rng, int(rng.integers(2**31)))]
             else:
                 base = int(rng.integers(2**31))
-                parts = [n for n in split_episodes(quota, [str(g) for g in range(groups)]).values() if n]
+                parts = [n for n in (quota // groups + (g < quota % groups) for g in range(groups)) if n]
                 jobs = []
                 for g, n in enumerate(parts):
                     group_rng = np.random.default_rng([base, g])

@@ -29,12 +29,12 @@ def run_threads(fn: Callable[..., Any], jobs: list[tuple], name: str) -> list[An
     return results
 
 
-def one_torch_thread() -> Callable[[], None]:
-    """For env groups on threads: forward passes on one torch thread, so the other core steps another group's envs
-    meanwhile (docs/decisions.md), but only on the main thread, where the work has the process to itself (`acce
-    eval`, version 0 and the final evaluations, the warm start); a background evaluation changes nothing. Returns
-    what restores the setting."""
-    if threading.current_thread() is not threading.main_thread():
+def one_torch_thread(groups: int) -> Callable[[], None]:
+    """For `groups` > 1 env groups on threads: forward passes on one torch thread, so the other core steps another
+    group's envs meanwhile (docs/decisions.md), but only on the main thread, where the work has the process to itself
+    (`acce eval`, version 0 and the final evaluations, the warm start); one group or a background evaluation changes
+    nothing. Returns what restores the setting."""
+    if groups <= 1 or threading.current_thread() is not threading.main_thread():
         return lambda: None
     import torch
     before = torch.get_num_threads()

@@ -65,7 +65,7 @@ class Evaluator:
         self._bar = tqdm(total=episodes * len(self.tasks) * len(instructions), desc=f"eval [{seed_split} seeds]",
                          unit="ep", disable=not progress, dynamic_ncols=True)
         self._wins = 0
-        restore_threads = one_torch_thread() if self.groups > 1 else (lambda: None)
+        restore_threads = one_torch_thread(self.groups)
         try:
             for split in instructions:
                 for task in self.tasks:
