@@ -314,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="[wm] expert + noisy trajectories recorded for the pretrained world model")
     p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=1500,
                    help="[wm] acce wm-pretrain optimizer steps for the pretrained world model")
+    p.add_argument("--arms", default=None, help="[wm] comma-separated arms to run (default model_free,online,"
+                   "pretrained; finished runs in --workdir are reused)")
     p.add_argument("--budgets", default=None, help="[wm] comma-separated real env step budgets at which each arm's "
                    "validation success is read off (default 5000,10000,20000,40000; the run budget defaults to the "
                    "largest)")

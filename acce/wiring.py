@@ -253,11 +253,22 @@ class _WMTrainerFactory:
         if self.init_from:
             trainer = WorldModelTrainer.from_checkpoint(self.init_from, device=device)
             check_world_model(trainer.model, cfg, state_dim=state_dim, action_dim=action_dim)
-            return trainer
-        # the sim envs record obs["aux"] exactly when the critic is privileged (_RolloutEnvFactory's aux_labels)
-        return WorldModelTrainer.create(cfg.wm, state_dim=state_dim, action_dim=action_dim, cameras=cfg.env.cameras,
-                                        control_hz=self.control_hz, device=device,
-                                        aux_dim=sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
+        else:  # the sim envs record obs["aux"] exactly when the critic is privileged (_RolloutEnvFactory's aux_labels)
+            trainer = WorldModelTrainer.create(
+                cfg.wm, state_dim=state_dim, action_dim=action_dim, cameras=cfg.env.cameras,
+                control_hz=self.control_hz, device=device,
+                aux_dim=sim_aux_dim() if cfg.policy.critic == "privileged" else 0)
+        im = cfg.imagination
+        if im.wm_replay_from and im.wm_replay_fraction > 0:
+            from acce.configlib import ConfigError
+            from worldmodel.data import load_episodes
+            episodes, desc = load_episodes(im.wm_replay_from)
+            if tuple(desc["cameras"]) != tuple(trainer.model.cameras):
+                raise ConfigError(f"imagination.wm_replay_from={im.wm_replay_from} has cameras {desc['cameras']} but "
+                                  f"the world model reads {list(trainer.model.cameras)}; replay data recorded with "
+                                  "the run's env.cameras")
+            trainer.set_replay(episodes, im.wm_replay_fraction)
+        return trainer
 
 
 def wm_trainer_factory(cfg, init_from: str | None = None):

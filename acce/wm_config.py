@@ -142,6 +142,12 @@ class ImaginationConfig:
     wm_init_from: str = ""
     """start the world model from this `acce wm-pretrain` checkpoint (file or folder) instead of a fresh model;
     its architecture replaces wm.* model fields, the run's wm.horizon and wm.max_disagreement still gate"""
+    wm_replay_from: str = ""
+    """an episode store (zarr or LeRobotDataset v3 folder; typically the pretraining data of wm_init_from) the
+    online trainer keeps replaying beside the run's own recent episodes, so that fine-tuning on a few dozen of them
+    does not erase what the pretrained model knew (empty: train on the run's episodes only)"""
+    wm_replay_fraction: float = 0.5
+    """share of each world-model batch's sequences drawn from wm_replay_from when it is set (0: no replay)"""
     wm_min_episodes: int = 4
     """real episodes the online trainer holds before its first optimizer step"""
     wm_train_ratio: float = 0.5
@@ -182,6 +188,9 @@ class ImaginationConfig:
                               "imagination.imagined_fraction=0.5) or neither")
         if not 0.0 < self.record_fraction <= 1.0:
             raise ConfigError(f"imagination.record_fraction must be in (0, 1], got {self.record_fraction}")
+        if not 0.0 <= self.wm_replay_fraction < 1.0:
+            raise ConfigError(f"imagination.wm_replay_fraction={self.wm_replay_fraction} must be in [0, 1): the world "
+                              "model must also train on the run's own episodes (0 turns replay off)")
         if self.wm_train_ratio < 0 or min(self.worker_cpus, self.trainer_cpus, self.trainer_gpus) < 0:
             raise ConfigError("imagination.wm_train_ratio and the imagination CPU/GPU resources must be >= 0")
 
@@ -202,6 +211,13 @@ def check_imagination(cfg) -> None:
     if k > im.queue_capacity:
         raise ConfigError(f"imagination.queue_capacity={im.queue_capacity} can never hold the {k} imagined segments of "
                           "a batch; raise it")
+    if im.wm_replay_from and im.wm_replay_fraction > 0:
+        from pathlib import Path
+        p = Path(im.wm_replay_from)
+        if not ((p / "zarr.json").is_file() or (p / "meta" / "info.json").is_file()):
+            raise ConfigError(f"imagination.wm_replay_from={im.wm_replay_from} is neither an acce episode store (no "
+                              "zarr.json) nor a LeRobotDataset v3 folder (no meta/info.json); give the data the world "
+                              "model was pretrained on (`acce collect --out PATH`) or leave it empty")
     if not im.wm_init_from and cfg.wm.image_size != cfg.env.image_size:
         raise ConfigError(f"wm.image_size={cfg.wm.image_size} differs from env.image_size={cfg.env.image_size}; the "
                           "world model must read the policy's images: set wm.image_size to env.image_size")

@@ -149,18 +149,22 @@ class SequenceBuffer:
         return int(sum(ep.num_steps for ep in self.episodes))
 
     def sample(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> dict[str, Any]:
-        """Sequences of seq_len transitions; episodes are drawn in proportion to their length (uniform over
-        transitions) and the start is drawn uniformly over the episode's steps, then clamped so the window fits:
-        the end of an episode (success, termination) is seen as often as its middle."""
+        """Sequences of seq_len transitions (`windows`, stacked)."""
+        return make_windows(self.windows(batch_size, seq_len, rng), seq_len)
+
+    def windows(self, n: int, seq_len: int, rng: np.random.Generator) -> list[tuple[EpisodeArrays, int]]:
+        """n (episode, start) windows: episodes drawn in proportion to their length (uniform over transitions), the
+        start uniformly over the episode's steps, then clamped so the window fits: the end of an episode (success,
+        termination) is seen as often as its middle."""
         if not self.episodes:
             raise RuntimeError("no episodes to sample from; add real episodes first")
         lengths = np.array([ep.num_steps for ep in self.episodes], np.float64)
-        picks = rng.choice(len(lengths), size=batch_size, p=lengths / lengths.sum())
-        windows = []
+        picks = rng.choice(len(lengths), size=n, p=lengths / lengths.sum())
+        out = []
         for i in picks:
             t = int(lengths[i])
-            windows.append((self.episodes[i], min(int(rng.integers(t)), max(t - seq_len, 0))))
-        return make_windows(windows, seq_len)
+            out.append((self.episodes[i], min(int(rng.integers(t)), max(t - seq_len, 0))))
+        return out
 
 
 def make_windows(windows: Sequence[tuple[EpisodeArrays, int]], seq_len: int) -> dict[str, Any]:

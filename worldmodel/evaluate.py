@@ -6,8 +6,9 @@ long; n per horizon is reported). Metrics per horizon (1, 4, 16): image MSE on [
 and mean L2 norm of the state error (raw units), reward MAE, the disagreement, and (models with an aux head, on
 episodes with aux labels) the aux head's RMSE in the labels' units (m). Frames are decoded onto the start
 frame, as ImaginedEnv does. Success/terminated heads: precision and recall at logit > 0 on one-step predicted latents
-(what ImaginedEnv uses). Held-out episodes are the checkpoint's validation split when `data` is the dataset it was
-trained on, else every episode of `data` (a separate test dataset).
+(what ImaginedEnv uses), and the threshold-free AUROC and average precision of their logits. Held-out episodes are
+the checkpoint's validation split when `data` is the dataset it was trained on, else every episode of `data` (a
+separate test dataset).
 """
 from __future__ import annotations
 
@@ -59,10 +60,27 @@ def frame_strip(real: np.ndarray, pred: np.ndarray) -> np.ndarray:
     return out
 
 
-def _prec_rec(pred: np.ndarray, label: np.ndarray) -> dict[str, float | int | None]:
+def head_scores(logits: np.ndarray, label: np.ndarray) -> dict[str, float | int | None]:
+    """A done head's logits against its labels: precision and recall at logit > 0 (what ImaginedEnv acts on) and,
+    threshold-free, AUROC and average precision, which tell a head that ranks well but is miscalibrated (its recall
+    moves with the threshold) from one that cannot tell the steps apart."""
+    logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
+    pred = logits > 0
     tp, fp, fn = int((pred & label).sum()), int((pred & ~label).sum()), int((~pred & label).sum())
+    npos, nneg = int(label.sum()), int((~label).sum())
+    auroc = ap = None
+    if npos and nneg:
+        # AUROC = P(a positive outscores a negative), ties counting half (Mann-Whitney U over average ranks)
+        _, inverse, counts = np.unique(logits, return_inverse=True, return_counts=True)
+        ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, tied values share their mean rank
+        auroc = float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+        # average precision: sum over distinct thresholds (best first) of recall gained x precision there
+        order = np.argsort(-logits, kind="stable")
+        last = np.r_[np.flatnonzero(np.diff(logits[order])), len(logits) - 1]  # each threshold's last index
+        tps, fps = np.cumsum(label[order])[last], np.cumsum(~label[order])[last]
+        ap = float(np.sum(np.diff(np.r_[0, tps]) / npos * tps / (tps + fps)))
     return {"precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
-            "positives": int(label.sum()), "n": int(label.size)}
+            "auroc": auroc, "average_precision": ap, "positives": npos, "n": int(label.size)}
 
 
 def _held_out(episodes: list[EpisodeArrays], model: WorldModel, data_path: str) -> tuple[list[EpisodeArrays], str]:
@@ -90,8 +108,8 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
         pred = open_loop(model, np.stack([ep.images[t0] for ep, t0 in chunk]),
                          np.stack([ep.state[t0] for ep, t0 in chunk]), [ep.instruction for ep, _ in chunk], acts)
         for b, (ep, t0) in enumerate(chunk):
-            succ_p.append(pred["logits"][b, 0, 1] > 0), succ_l.append(bool(ep.success[t0]))
-            term_p.append(pred["logits"][b, 0, 0] > 0), term_l.append(bool(ep.terminated[t0]))
+            succ_p.append(float(pred["logits"][b, 0, 1])), succ_l.append(bool(ep.success[t0]))
+            term_p.append(float(pred["logits"][b, 0, 0])), term_l.append(bool(ep.terminated[t0]))
             dis1.append(float(pred["disagreement"][b, 0]))
             for h in horizons:
                 if t0 + h > ep.num_steps or h > steps:
@@ -121,8 +139,8 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
             per_h[str(h)]["aux_rmse"] = float(np.sqrt(np.mean(a["aux_sq"])))
     dis1 = np.asarray(dis1)
     return {"horizons": per_h,
-            "success_head": _prec_rec(np.asarray(succ_p, bool), np.asarray(succ_l, bool)),
-            "terminated_head": _prec_rec(np.asarray(term_p, bool), np.asarray(term_l, bool)),
+            "success_head": head_scores(np.asarray(succ_p), np.asarray(succ_l, bool)),
+            "terminated_head": head_scores(np.asarray(term_p), np.asarray(term_l, bool)),
             "disagreement_1step": {"p50": float(np.quantile(dis1, 0.5)), "p90": float(np.quantile(dis1, 0.9)),
                                    "p99": float(np.quantile(dis1, 0.99)),
                                    "frac_above_max": float((dis1 > model.cfg.max_disagreement).mean())},
@@ -181,7 +199,8 @@ def format_eval(results: dict[str, Any]) -> str:
     for head in ("success_head", "terminated_head"):
         r = results[head]
         fmt = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-        lines.append(f"{head}: precision {fmt(r['precision'])} recall {fmt(r['recall'])} "
+        lines.append(f"{head}: precision {fmt(r['precision'])} recall {fmt(r['recall'])} at logit > 0; AUROC "
+                     f"{fmt(r.get('auroc'))} average precision {fmt(r.get('average_precision'))} "
                      f"({r['positives']} positives / {r['n']})")
     d = results["disagreement_1step"]
     lines.append(f"1-step disagreement p50 {d['p50']:.3f} p90 {d['p90']:.3f} p99 {d['p99']:.3f}; "

@@ -21,7 +21,7 @@ import torch
 
 from acce.types import Episode
 from worldmodel.config import WMConfig
-from worldmodel.data import EpisodeArrays, SequenceBuffer, from_episode
+from worldmodel.data import EpisodeArrays, SequenceBuffer, from_episode, make_windows
 from worldmodel.losses import sequence_loss, to_tensors
 from worldmodel.model import WorldModel
 
@@ -36,6 +36,9 @@ class WorldModelTrainer:
                                      else self.cfg.start_buffer_episodes)
         self.rng = np.random.default_rng(self.cfg.seed if seed is None else seed)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
+        self.replay: SequenceBuffer | None = None
+        """episodes replayed beside the buffer's (the pretraining data, `set_replay`); never evicted"""
+        self.replay_fraction = 0.0
         self.skipped_imagined = 0
         """episodes refused because they came from imagination"""
         self.episodes_added = 0
@@ -75,11 +78,7 @@ class WorldModelTrainer:
 
     def add_arrays(self, episodes: Sequence[EpisodeArrays]) -> None:
         p = self.model.aux_dim
-        bad = [ep.episode_id for ep in episodes if p and (ep.aux is None or ep.aux.shape[1:] != (p,))]
-        if bad:
-            raise ValueError(f"the world model has an aux head (aux_dim={p}) but {len(bad)} episode(s) (e.g. "
-                             f"{bad[0]}) have no obs['aux'] of width {p}; record them from envs with aux labels "
-                             "(policy.critic=privileged turns them on) or use a model without an aux head")
+        self._check_episodes(episodes, "episode(s)")
         self.buffer.extend(episodes)
         self.episodes_added += len(episodes)
         if not bool(self.model.stats_ready) and len(self.buffer):
@@ -88,6 +87,38 @@ class WorldModelTrainer:
             self.model.fit_normalization(np.concatenate([e.state for e in eps]),
                                          np.concatenate([e.reward for e in eps]),
                                          np.concatenate([e.aux for e in eps]) if p else None)
+
+    def set_replay(self, episodes: Sequence[EpisodeArrays], fraction: float) -> int:
+        """Draw round(fraction x batch_size) of every batch's sequences from `episodes` (e.g. the data the model was
+        pretrained on) and the rest from the buffer's recent episodes: fine-tuning on a few dozen episodes of one
+        policy then cannot erase what the model learned from the wider data. Returns the replayed episode count."""
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"replay fraction must be in [0, 1), got {fraction}")
+        self._check_episodes(episodes, "replay data")
+        shapes = {ep.images.shape[1:] for ep in episodes} | {ep.state.shape[1:] for ep in episodes}
+        want = {(self.cfg.image_size, self.cfg.image_size, 3 * len(self.model.cameras)), (self.model.state_dim,)}
+        if shapes - want:
+            raise ValueError(f"replay data has images/state of shapes {sorted(shapes - want)} but the world model "
+                             f"reads {sorted(want)} (cameras {list(self.model.cameras)}); replay data recorded "
+                             "with this model's cameras, image size and state")
+        self.replay, self.replay_fraction = SequenceBuffer(episodes), float(fraction)
+        if not len(self.replay):
+            raise ValueError("replay data holds no episode with a transition")
+        return len(self.replay)
+
+    def _sample(self) -> dict[str, Any]:
+        B, L = self.cfg.batch_size, self.cfg.seq_len
+        k = int(round(self.replay_fraction * B)) if self.replay is not None else 0
+        windows = self.replay.windows(k, L, self.rng) if k else []
+        return make_windows(windows + self.buffer.windows(B - k, L, self.rng), L)
+
+    def _check_episodes(self, episodes: Sequence[EpisodeArrays], what: str) -> None:
+        p = self.model.aux_dim
+        bad = [ep.episode_id for ep in episodes if p and (ep.aux is None or ep.aux.shape[1:] != (p,))]
+        if bad:
+            raise ValueError(f"the world model has an aux head (aux_dim={p}) but {len(bad)} {what} (e.g. "
+                             f"{bad[0]}) have no obs['aux'] of width {p}; record them from envs with aux labels "
+                             "(policy.critic=privileged turns them on) or use a model without an aux head")
 
     # --- optimization ---------------------------------------------------------------------------------------------
     def train_steps(self, n: int) -> dict[str, float]:
@@ -98,7 +129,7 @@ class WorldModelTrainer:
         sums: dict[str, float] = {}
         t0 = time.perf_counter()
         for _ in range(n):
-            batch = to_tensors(self.buffer.sample(self.cfg.batch_size, self.cfg.seq_len, self.rng), self.device)
+            batch = to_tensors(self._sample(), self.device)
             loss, parts = sequence_loss(self.model, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -114,6 +145,7 @@ class WorldModelTrainer:
                     "wm/grad_norm": sums.get("grad_norm", 0.0) / max(n, 1), "wm/version": float(self.version),
                     "wm/train_sps": n / elapsed if elapsed > 0 else 0.0,
                     "wm/buffer_episodes": float(len(self.buffer)),
+                    "wm/replay_episodes": float(len(self.replay) if self.replay is not None else 0),
                     "wm/skipped_imagined_episodes": float(self.skipped_imagined)})
         return out
 

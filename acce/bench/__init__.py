@@ -61,7 +61,10 @@ def _bench_delay(cfg, args) -> dict:
 
 
 def _bench_wm(cfg, args) -> dict:
-    from acce.bench.wm import BUDGETS, run_wm_bench
+    from acce.bench.wm import ARMS, BUDGETS, run_wm_bench
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else ARMS
+    if not arms or set(arms) - set(ARMS):
+        raise ValueError(f"--arms {args.arms!r}: choose from {','.join(ARMS)}")
     try:
         budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip()) if args.budgets else BUDGETS
     except ValueError:
@@ -71,7 +74,8 @@ def _bench_wm(cfg, args) -> dict:
     return run_wm_bench(args.config, list(args.overrides), seeds=tuple(range(args.seeds)), target=args.target,
                         budget_steps=args.budget_steps or max(budgets), eval_episodes=args.episodes,
                         workdir=args.workdir, warm_start=args.warm_start or "", plot=args.plot,
-                        offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps, budgets=budgets)
+                        offline_episodes=args.offline_episodes, pretrain_steps=args.pretrain_steps, budgets=budgets,
+                        arms=arms)
 
 
 def _bench_rl(cfg, args) -> dict:

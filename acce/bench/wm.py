@@ -152,13 +152,14 @@ def evaluate_model(checkpoint: Path, data: Path, out_json: Path) -> dict[str, An
 def quality(results: dict[str, Any]) -> dict[str, Any]:
     """The figures RL depends on from a wm_eval result: per horizon 1/4/16 image PSNR, state RMSE (raw units),
     reward MAE and the aux head's RMSE (m; None without an aux head or labels); the success head's precision and
-    recall at logit > 0 and its positives."""
+    recall at logit > 0, its threshold-free AUROC and average precision, and its positives."""
     out: dict[str, Any] = {}
     for h, r in results["horizons"].items():
         out[f"h{h}"] = {"psnr_db": r.get("image_psnr_db"), "state_rmse": r.get("state_rmse"),
                         "reward_mae": r.get("reward_mae"), "aux_rmse": r.get("aux_rmse"), "n": r["n"]}
     head = results["success_head"]
     out.update({"success_precision": head["precision"], "success_recall": head["recall"],
+                "success_auroc": head.get("auroc"), "success_average_precision": head.get("average_precision"),
                 "success_positives": head["positives"], "episodes": results.get("episodes"),
                 "wm_version": results.get("wm_version")})
     return out
@@ -260,6 +261,13 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
             else evaluate_model(wm_dir / "worldmodel.pt", heldout, wm_dir / "wm_eval.json"))
     arm_overrides = {"model_free": ["imagination.num_workers=0", "imagination.imagined_fraction=0"],
                      "online": [], "pretrained": [f"imagination.wm_init_from={wm_dir}"]}
+    replay = cfg0.imagination.wm_replay_fraction if "pretrained" in arms else 0.0
+    if replay > 0:  # fine-tuning keeps replaying the pretraining data (imagination.wm_replay_from)
+        data = root / "offline.zarr"
+        if not data.exists():
+            raise FileNotFoundError(f"{data} (the pretraining data the pretrained arm replays) is missing; delete "
+                                    f"{wm_dir} to record and pretrain again, or set imagination.wm_replay_fraction=0")
+        arm_overrides["pretrained"].append(f"imagination.wm_replay_from={data}")
     runs: dict[str, list[dict[str, Any]]] = {}
     for seed in seeds:
         for order, arm in enumerate(mode_order(seed, tuple(arms))):  # each arm goes first in turn
@@ -289,6 +297,7 @@ def run_wm_bench(config: str | None, overrides: list[str], *, seeds=(0, 1, 2), t
     result = {"tasks": tasks, "arms": list(arms), "seeds": list(seeds), "target": target,
               "budget_env_steps": budget_steps, "eval_every_versions": eval_every, "eval_episodes": eval_episodes,
               "offline_episodes": offline_episodes, "pretrain_steps": pretrain_steps,
+              "pretrained_replay_fraction": replay,
               "table": summarize(runs, tasks, budget_steps), "budgets": budget_table(runs, tasks, budgets),
               "steps_to_model_free_final": steps_to_model_free_final(runs, tasks),
               "model_quality": model_quality(runs, quality_of, heldout), "runs": runs,

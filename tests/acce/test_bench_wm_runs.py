@@ -3,6 +3,7 @@ to a success level with censoring, success at real-env-step budgets, and world-m
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,13 @@ def _fake_wm_eval(recall_of):
     return evaluate
 
 
+def _fake_store(argv):
+    """What `acce collect --out PATH` leaves for the config check of imagination.wm_replay_from: a store's zarr.json."""
+    out = Path(argv[argv.index("--out") + 1])
+    out.mkdir(parents=True)
+    (out / "zarr.json").write_text("{}")
+
+
 @pytest.fixture
 def fake_quality(monkeypatch):
     """No held-out recording (it would run the simulator); wm_eval results from _fake_wm_eval: recall 0.25 for the
@@ -72,6 +80,8 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake
     def fake_main(argv):
         calls.append(argv[0])
         argvs.append(argv)
+        if argv[0] == "collect":
+            _fake_store(argv)
         if argv[0] == "wm-pretrain":
             out = tmp_path / "wm_pretrained"
             out.mkdir()
@@ -88,8 +98,8 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake
     (tmp_path / "model_free_s1").mkdir()  # finished by an interrupted bench: reused, not run again
     (tmp_path / "model_free_s1" / "summary.json").write_text(json.dumps(
         {**outcome(load_cfg()), "history": _history((0, 0.5, 0.5), (4000, 0.85, 0.9))}))
-    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0, 1), warm_start="ws.pt",
-                                workdir=str(tmp_path))
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS + ["imagination.wm_replay_fraction=0.5"],
+                                seeds=(0, 1), warm_start="ws.pt", workdir=str(tmp_path))
     assert calls == ["collect", "wm-pretrain"]
     # the preset's critic is privileged: the offline data carries aux labels, so the pretrained model gets an aux head
     assert "--aux-labels" in argvs[0] and fake_quality[0][2]
@@ -104,6 +114,9 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake
     assert not by_arm["model_free"][0].imagination.enabled
     assert by_arm["online"][0].imagination.enabled and not by_arm["online"][0].imagination.wm_init_from
     assert by_arm["pretrained"][0].imagination.wm_init_from.endswith("wm_pretrained")
+    # the pretrained arm's fine-tuning replays its pretraining data; the online arm has none to replay
+    assert by_arm["pretrained"][0].imagination.wm_replay_from == str(tmp_path / "offline.zarr")
+    assert not by_arm["online"][0].imagination.wm_replay_from and out["pretrained_replay_fraction"] == 0.5
     assert all(c.train.init_from == "ws.pt" and c.train.stop_at_success == 0.8 for c in fake_trainer.made)
     t = out["table"]
     assert t["online/push"]["ratio_model_free_over_this"] == pytest.approx(2.0)
@@ -158,6 +171,8 @@ def test_budget_table_and_steps_to_model_free_final():
 
 def test_wm_bench_reports_model_quality_and_budgets(fake_trainer, monkeypatch, tmp_path, fake_quality):
     def fake_main(argv):
+        if argv[0] == "collect":
+            _fake_store(argv)
         if argv[0] == "wm-pretrain":
             (tmp_path / "wm_pretrained").mkdir()
             (tmp_path / "wm_pretrained" / "worldmodel.pt").write_bytes(b"x")
@@ -204,3 +219,17 @@ def test_wm_bench_reports_model_quality_and_budgets(fake_trainer, monkeypatch, t
     with pytest.raises(ValueError, match="budgets"):
         wm_bench.run_wm_bench("configs/bench_wm.yaml", [], budgets=(5000, 80000), budget_steps=40000,
                               workdir=str(tmp_path))
+
+
+def test_a_pretrained_model_without_its_data_is_refused_before_any_run(fake_trainer, tmp_path, fake_quality):
+    """With replay asked for, a workdir holding the pretrained model but not the data it replays fails with the fix,
+    before any run; the preset (imagination.wm_replay_fraction 0) runs the pretrained arm without replay."""
+    (tmp_path / "wm_pretrained").mkdir()
+    (tmp_path / "wm_pretrained" / "worldmodel.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="offline.zarr.*wm_replay_fraction=0"):
+        wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS + ["imagination.wm_replay_fraction=0.5"],
+                              seeds=(0,), warm_start="ws.pt", workdir=str(tmp_path), arms=("pretrained",))
+    assert fake_trainer.made == []
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0,), warm_start="ws.pt",
+                                workdir=str(tmp_path), arms=("pretrained",))
+    assert not fake_trainer.made[0].imagination.wm_replay_from and out["pretrained_replay_fraction"] == 0.0

@@ -139,3 +139,10 @@ def test_eval_checks_task_names_before_loading_anything(tmp_path, capsys):
     """`acce eval --task nope` answers at once (it used to load the checkpoint and a simulator first, 16 s)."""
     assert main(["eval", "--checkpoint", str(tmp_path / "no-such-run"), "--task", "nope"]) == 2
     assert "unknown task(s) ['nope']" in capsys.readouterr().err
+
+
+def test_bench_wm_refuses_an_unknown_arm_before_any_work(tmp_path, capsys):
+    code = main(["bench", "wm", "--config", "configs/bench_wm.yaml", "--arms", "pretrained,bogus", "--workdir",
+                 str(tmp_path / "w"), "--out", str(tmp_path / "x.json")])
+    assert code != 0 and "--arms 'pretrained,bogus': choose from model_free,online,pretrained" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "w" / "bc").exists()

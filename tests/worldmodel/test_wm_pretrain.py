@@ -52,7 +52,7 @@ def test_wm_eval_reports_open_loop_errors_and_a_strip(pretrained, store_path, tm
     assert set(results["horizons"]) == {"1", "4", "16"}
     h1 = results["horizons"]["1"]
     assert h1["n"] > 0 and 0 < h1["image_mse"] < 1 and h1["image_psnr_db"] > 0 and h1["state_rmse"] >= 0
-    assert {"precision", "recall", "positives"} <= set(results["success_head"])
+    assert {"precision", "recall", "auroc", "average_precision", "positives"} <= set(results["success_head"])
     assert json.loads((tmp_path / "eval.json").read_text())["wm_version"] == 40
     from PIL import Image
     strip = np.asarray(Image.open(tmp_path / "strip.png"))
