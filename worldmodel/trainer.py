@@ -101,14 +101,15 @@ class WorldModelTrainer:
             raise ValueError(f"replay data has images/state of shapes {sorted(shapes - want)} but the world model "
                              f"reads {sorted(want)} (cameras {list(self.model.cameras)}); replay data recorded "
                              "with this model's cameras, image size and state")
-        self.replay, self.replay_fraction = SequenceBuffer(episodes), float(fraction)
-        if not len(self.replay):
+        replay = SequenceBuffer(episodes)
+        if not len(replay):
             raise ValueError("replay data holds no episode with a transition")
-        return len(self.replay)
+        self.replay, self.replay_fraction = replay, float(fraction)
+        return len(replay)
 
     def _sample(self) -> dict[str, Any]:
         B, L = self.cfg.batch_size, self.cfg.seq_len
-        k = int(round(self.replay_fraction * B)) if self.replay is not None else 0
+        k = min(int(round(self.replay_fraction * B)), B - 1) if self.replay is not None else 0  # >= 1 recent
         windows = self.replay.windows(k, L, self.rng) if k else []
         return make_windows(windows + self.buffer.windows(B - k, L, self.rng), L)
 
@@ -122,7 +123,8 @@ class WorldModelTrainer:
 
     # --- optimization ---------------------------------------------------------------------------------------------
     def train_steps(self, n: int) -> dict[str, float]:
-        """n optimizer steps on sequences from the buffer; returns the mean of each loss as wm/* metrics."""
+        """n optimizer steps on sequences from the buffer (and the replay data, `set_replay`); returns the mean of
+        each loss as wm/* metrics."""
         if not len(self.buffer):
             raise RuntimeError("WorldModelTrainer has no episodes; call add_episodes() with real episodes first")
         self.model.train()

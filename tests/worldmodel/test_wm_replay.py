@@ -1,4 +1,6 @@
 """Replaying the pretraining data during online fine-tuning (imagination.wm_replay_from / wm_replay_fraction)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,7 @@ def _arrays(n: int, seed0: int, steps: int = 6, **kw):
     return [from_episode(fake_episode(steps, seed0 + k, **kw), ("front",)) for k in range(n)]
 
 
-@pytest.mark.parametrize("fraction, replayed", [(0.0, 0), (0.25, 2), (0.5, 4), (0.9, 7)])
+@pytest.mark.parametrize("fraction, replayed", [(0.0, 0), (0.25, 2), (0.5, 4), (0.9, 7), (0.99, 7)])
 def test_each_batch_draws_its_replay_share(fraction, replayed):
     trainer = WorldModelTrainer(tiny_model().train())  # batch_size 8
     trainer.add_episodes([fake_episode(6, k, task_id=1) for k in range(3)])
@@ -64,6 +66,9 @@ def test_replay_data_must_fit_the_model():
         plain.set_replay(_arrays(2, 0, size=16), 0.5)
     with pytest.raises(ValueError, match="\\[0, 1\\)"):
         plain.set_replay(_arrays(2, 0), 1.0)
+    with pytest.raises(ValueError, match="no episode with a transition"):
+        plain.set_replay([dataclasses.replace(ep, action=ep.action[:0]) for ep in _arrays(2, 0)], 0.5)
+    assert plain.replay is None  # a refused replay leaves the trainer as it was
 
 
 def test_the_online_trainer_replays_the_store_named_in_the_config(tmp_path):
