@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-std", dest="noise_std", type=float, default=None, help="expert action noise")
     p.add_argument("--noisy-fraction", dest="noisy_fraction", type=float, default=None,
                    help="fraction of episodes recorded with noise")
-    p.add_argument("--seeds", choices=("train", "test"), default=None, help="layout seed range")
+    p.add_argument("--seeds", choices=("train", "val", "test"), default=None, help="layout seed range")
     p.add_argument("--num-envs", dest="num_envs", type=int, default=None, help="envs stepped together")
     p.add_argument("--aux-labels", dest="aux_labels", action="store_true",
                    help="also record the sim's privileged aux labels (frames/aux): a world model pretrained on the "

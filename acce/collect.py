@@ -18,7 +18,7 @@ WRITE_BATCH = 32
 ~28 ms per single append vs ~1.1 ms per episode in batches of 32, 7-frame episodes at 64x64)"""
 
 EnvFactory = Callable[..., Any]
-"""make_env(tasks, num_envs, seeds='train'|'test', instruction_split=..., seed=...) -> vector env with
+"""make_env(tasks, num_envs, seeds='train'|'val'|'test', instruction_split=..., seed=...) -> vector env with
 expert_actions(), task_names, seeds"""
 
 

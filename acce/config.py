@@ -102,7 +102,8 @@ class CollectConfig:
     noisy_fraction: float = 0.0
     """fraction of episodes recorded with noise_std (the rest clean); 1.0 makes every episode noisy"""
     seeds: str = "train"
-    """seed range to draw layouts from: 'train' or 'test' (evaluation seeds; never train on them)"""
+    """seed range to draw layouts from: 'train', or 'val' / 'test' (evaluation seeds, e.g. held-out data to score a
+    world model on: 'val' for choices, 'test' for reports; never train on them)"""
     instruction_split: str = "train"
     """instruction paraphrases: 'train' or 'heldout'"""
     num_envs: int = 8
@@ -119,8 +120,8 @@ class CollectConfig:
             raise ConfigError(f"collect.policy={self.policy!r} is not supported; use 'expert'")
         if self.episodes <= 0:
             raise ConfigError(f"collect.episodes must be positive, got {self.episodes}")
-        if self.seeds not in ("train", "test"):
-            raise ConfigError(f"collect.seeds must be 'train' or 'test', got {self.seeds!r}")
+        if self.seeds not in ("train", "val", "test"):
+            raise ConfigError(f"collect.seeds must be 'train', 'val' or 'test', got {self.seeds!r}")
         if self.instruction_split not in ("train", "heldout"):
             raise ConfigError(f"collect.instruction_split must be 'train' or 'heldout', got {self.instruction_split!r}")
         if not 0.0 <= self.noisy_fraction <= 1.0 or self.noise_std < 0:

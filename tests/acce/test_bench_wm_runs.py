@@ -98,8 +98,8 @@ def test_wm_bench_arms_and_pretraining(fake_trainer, monkeypatch, tmp_path, fake
     (tmp_path / "model_free_s1").mkdir()  # finished by an interrupted bench: reused, not run again
     (tmp_path / "model_free_s1" / "summary.json").write_text(json.dumps(
         {**outcome(load_cfg()), "history": _history((0, 0.5, 0.5), (4000, 0.85, 0.9))}))
-    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS + ["imagination.wm_replay_fraction=0.5"],
-                                seeds=(0, 1), warm_start="ws.pt", workdir=str(tmp_path))
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0, 1), warm_start="ws.pt",
+                                workdir=str(tmp_path))
     assert calls == ["collect", "wm-pretrain"]
     # the preset's critic is privileged: the offline data carries aux labels, so the pretrained model gets an aux head
     assert "--aux-labels" in argvs[0] and fake_quality[0][2]
@@ -222,14 +222,14 @@ def test_wm_bench_reports_model_quality_and_budgets(fake_trainer, monkeypatch, t
 
 
 def test_a_pretrained_model_without_its_data_is_refused_before_any_run(fake_trainer, tmp_path, fake_quality):
-    """With replay asked for, a workdir holding the pretrained model but not the data it replays fails with the fix,
-    before any run; the preset (imagination.wm_replay_fraction 0) runs the pretrained arm without replay."""
+    """With replay on (the preset), a workdir holding the pretrained model but not the data it replays fails with the
+    fix, before any run; imagination.wm_replay_fraction=0 runs the pretrained arm without replay."""
     (tmp_path / "wm_pretrained").mkdir()
     (tmp_path / "wm_pretrained" / "worldmodel.pt").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="offline.zarr.*wm_replay_fraction=0"):
-        wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS + ["imagination.wm_replay_fraction=0.5"],
-                              seeds=(0,), warm_start="ws.pt", workdir=str(tmp_path), arms=("pretrained",))
+        wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0,), warm_start="ws.pt",
+                              workdir=str(tmp_path), arms=("pretrained",))
     assert fake_trainer.made == []
-    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS, seeds=(0,), warm_start="ws.pt",
-                                workdir=str(tmp_path), arms=("pretrained",))
+    out = wm_bench.run_wm_bench("configs/bench_wm.yaml", TWO_TASKS + ["imagination.wm_replay_fraction=0"],
+                                seeds=(0,), warm_start="ws.pt", workdir=str(tmp_path), arms=("pretrained",))
     assert not fake_trainer.made[0].imagination.wm_replay_from and out["pretrained_replay_fraction"] == 0.0

@@ -42,6 +42,14 @@ def test_collect_writes_provenance_and_appends(tmp_path, capsys):
     assert len(EpisodeStore.open(out)) == 8
 
 
+@pytest.mark.parametrize("split, lo, hi", [("val", 1_000_000, 1_050_000), ("test", 1_050_000, 1_100_000)])
+def test_collect_records_held_out_layouts_of_either_evaluation_split(tmp_path, split, lo, hi):
+    out = tmp_path / f"{split}.zarr"
+    assert main(["collect", "--config", "configs/debug.yaml", "--task", "reach", "--episodes", "2", "--out", str(out),
+                 "--seeds", split]) == 0
+    assert all(lo <= ep.seed < hi for ep in EpisodeStore.open(out).iter_episodes())
+
+
 def test_collect_refuses_a_mismatched_store(tmp_path, capsys):
     out = tmp_path / "eps.zarr"
     assert main(["collect", "--config", "configs/debug.yaml", "--episodes", "1", "--out", str(out)]) == 0

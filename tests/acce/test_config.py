@@ -37,7 +37,7 @@ def test_typos_get_a_hint(override, message):
     ("env.num_envs=abc", "env.num_envs"),
     ("env.num_envs=0", "must be positive"),
     ("env.tasks=[reach,flyy]", "unknown task"),
-    ("collect.seeds=both", "'train' or 'test'"),
+    ("collect.seeds=both", "'train', 'val' or 'test'"),
     ("env=3", "is a section"),
     ("novalue", "section.key=value"),
     ("policy.max_delay_steps=6", "must cover rollout.execution_horizon"),  # H=8 < s=4 + 6, caught before training
