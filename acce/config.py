@@ -15,6 +15,7 @@ from acce.data_config import DatasetConfig
 from acce.device import DEVICES
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
+from acce.rollout_config import DelayConfig, RolloutConfig
 from acce.task_names import KNOWN_TASKS, has_aux_labels, is_known_task
 from acce.wm_config import ImaginationConfig, WMConfig, check_imagination
 
@@ -130,47 +131,6 @@ class CollectConfig:
         unlabelled = [t for t in self.tasks if not has_aux_labels(t)]
         if self.aux_labels and unlabelled:
             raise ConfigError(f"collect.aux_labels: the sim has no aux labels for {unlabelled}; record them without")
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    segment_len: int = 8
-    """T: decisions per segment (one env); a segment is complete or not sent"""
-    execution_horizon: int = 4
-    """s: control steps between requests; each chunk runs s actions (more with delay overlap)"""
-    num_workers: int = 2
-    """rollout workers (each owns env.num_envs envs)"""
-    task_sampling: str = "uniform"
-    """'uniform' over env.tasks, or 'failure' (probability proportional to recent failures + 1, as AcceRL)"""
-    failure_window: int = 50
-    """episodes per task remembered by failure-weighted sampling"""
-
-    def __post_init__(self) -> None:
-        if self.segment_len <= 0 or self.execution_horizon <= 0 or self.num_workers <= 0:
-            raise ConfigError("rollout.segment_len, rollout.execution_horizon and rollout.num_workers must be > 0")
-        if self.task_sampling not in ("uniform", "failure"):
-            raise ConfigError(f"rollout.task_sampling must be 'uniform' or 'failure', got {self.task_sampling!r}")
-
-
-@dataclass(frozen=True)
-class DelayConfig:
-    model: str = "fixed"
-    """inference latency model: 'fixed' | 'uniform' | 'empirical' | 'measured' (the wall-clock latency the worker
-    observed on its previous inference request; docs/design.md §5)"""
-    fixed_steps: int = 0
-    """d for model=fixed, in control steps (0 = no latency)"""
-    low_s: float = 0.0
-    """model=uniform: smallest latency in seconds"""
-    high_s: float = 0.0
-    """model=uniform: largest latency in seconds"""
-    path: str = ""
-    """model=empirical: file of measured latencies in seconds (JSON {"latency_s": [...]} or one per line)"""
-
-    def __post_init__(self) -> None:
-        if self.model not in ("fixed", "uniform", "empirical", "measured"):
-            raise ConfigError(f"delay.model must be fixed, uniform, empirical or measured, got {self.model!r}")
-        if self.model == "empirical" and not self.path:
-            raise ConfigError("delay.model=empirical needs delay.path (a file of measured latencies)")
 
 
 @dataclass(frozen=True)
@@ -390,6 +350,9 @@ class Config:
             raise ConfigError(f"policy.critic=privileged reads the sim's privileged labels (obs['aux']); {unlabelled} "
                               "have none: use policy.critic=trunk")
         check_task_weights("bc.task_weights", self.bc.task_weights, self.env.tasks)
+        if self.rollout.min_task_share * len(self.env.tasks) > 1.0 + 1e-9:
+            raise ConfigError(f"rollout.min_task_share={self.rollout.min_task_share} over {len(self.env.tasks)} tasks "
+                              f"exceeds 1; use at most {1.0 / len(self.env.tasks):.3g}")
         check_imagination(self)
 
 

@@ -48,7 +48,8 @@ class Trainer:
         self.run_dir = Path(resume) if resume else cfg.run.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = Metrics(self.run_dir / "tb")
-        self.sampler = TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
+        self.sampler = TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window,
+                                   cfg.rollout.min_task_share)
         self.counters = {"env_steps": 0, "episodes": 0, "imagined_steps": 0, "imagined_episodes": 0, "wall_s": 0.0,
                          "bc": {}}
         self.history: list[dict[str, Any]] = []

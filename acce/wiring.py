@@ -116,7 +116,8 @@ class _RolloutEnvFactory:
     def __call__(self, worker_id: int):
         from acce.runtime.curriculum import TaskSampler
         cfg = self.cfg
-        sampler = self.sampler or (TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window)
+        sampler = self.sampler or (TaskSampler(cfg.env.tasks, cfg.rollout.task_sampling, cfg.rollout.failure_window,
+                                               cfg.rollout.min_task_share)
                                    if cfg.rollout.task_sampling == "failure" else None)
         if sampler is None and len(cfg.env.tasks) > 1:
             sampler = TaskSampler(cfg.env.tasks, "uniform")

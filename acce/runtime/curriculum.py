@@ -7,9 +7,12 @@ import numpy as np
 
 
 class TaskSampler:
-    def __init__(self, tasks, mode: str = "uniform", window: int = 50):
+    def __init__(self, tasks, mode: str = "uniform", window: int = 50, min_share: float = 0.0):
         self.tasks = tuple(tasks)
         self.mode = mode
+        if min_share * len(self.tasks) > 1.0 + 1e-9:
+            raise ValueError(f"min_share {min_share} over {len(self.tasks)} tasks exceeds 1")
+        self.min_share = float(min_share)
         self.history = {t: collections.deque(maxlen=window) for t in self.tasks}
 
     def __call__(self, rng: np.random.Generator) -> str:
@@ -19,7 +22,9 @@ class TaskSampler:
         if self.mode == "uniform":
             return np.full(len(self.tasks), 1.0 / len(self.tasks))
         weights = np.array([sum(1 for s in self.history[t] if not s) + 1.0 for t in self.tasks])
-        return weights / weights.sum()
+        # a floor per task, the rest by failures: p = m + (1 - K m) w / sum(w)
+        k = len(self.tasks)
+        return self.min_share + (1.0 - k * self.min_share) * weights / weights.sum()
 
     def update(self, task: str, success: bool) -> None:
         if task in self.history:
