@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from acce.data_kind import data_kind
 from acce.types import EnvSpec
 
 ATTR = "action_rates"
@@ -121,7 +122,7 @@ def checkpoint_action_rates(data: Mapping[str, Any], path: str | Path,
         return None, ""  # not trained on a dataset: nothing to derive limits from
     path = Path(path)
     candidates = [Path(dataset["path"]), path.parent.parent / "demos.zarr", path.parent / "demos.zarr"]
-    found = next((c for c in candidates if (c / "zarr.json").is_file()), None)
+    found = next((c for c in candidates if data_kind(c) == "zarr"), None)
     if found is None:
         return None, (f"the checkpoint was trained on {dataset['path']} but no episode store of it is at "
                       f"{', '.join(str(c) for c in candidates[1:])}")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from acce.configlib import ConfigError
+from acce.data_kind import data_kind
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ def cmd_collect(args) -> int:
     c = cfg.collect
     if args.import_lerobot:  # the store takes the dataset's schema, mapped by dataset.* (import_lerobot creates it)
         from acce.store.lerobot_import import import_lerobot
-        before = len(EpisodeStore.open(c.out)) if (Path(c.out) / "zarr.json").is_file() else 0
+        before = len(EpisodeStore.open(c.out)) if data_kind(c.out) == "zarr" else 0
         store = import_lerobot(args.import_lerobot, c.out, config=cfg.dataset)
         print(f"imported {len(store) - before} episodes from {args.import_lerobot} into {c.out}")
         try:

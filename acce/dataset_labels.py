@@ -22,23 +22,22 @@ import numpy as np
 
 from acce.configlib import ConfigError
 from acce.data_config import DatasetConfig, SUCCESS_LABELS
+from acce.data_kind import data_kind
 
 LABEL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64")
 """feature dtypes a per-episode success label may have (true = non-zero)"""
 
 
-def _features(src: Path) -> dict[str, Any] | None:
-    """The LeRobotDataset's features from meta/info.json (None for an acce store or a folder that is neither: the
-    import then says what is wrong)."""
-    info = src / "meta" / "info.json"
-    return json.loads(info.read_text()).get("features", {}) if info.is_file() else None
+def _features(src: Path) -> dict[str, Any]:
+    """The LeRobotDataset's features from meta/info.json."""
+    return json.loads((src / "meta" / "info.json").read_text()).get("features", {})
 
 
 def resolve_success(cfg: DatasetConfig) -> str:
     """What labels the run: "data" (the data's own outcomes), "last_step", "none", or a feature name, checked
     against the dataset before anything is imported or written (one ConfigError naming dataset.success)."""
     src = Path(cfg.path)
-    features = None if (src / "zarr.json").is_file() else _features(src)
+    features = _features(src) if data_kind(src) == "lerobot" else None
     mode = cfg.success
     if mode == "auto":
         return "data" if features is None or {"next.success", "next.reward"} & set(features) else "last_step"

@@ -28,6 +28,7 @@ import numpy as np
 
 from acce.config import Config
 from acce.configlib import ConfigError, save_config, to_dict
+from acce.data_kind import data_kind
 from acce.types import EnvSpec, Episode
 
 EVAL_LABEL = "open-loop action error on recorded episodes (no simulator: not a success rate)"
@@ -40,10 +41,10 @@ def dataset_store(cfg: Config, run_dir: Path):
     from acce.store.lerobot_import import import_lerobot
 
     src = Path(cfg.dataset.path)
-    if (src / "zarr.json").is_file():
+    if data_kind(src) == "zarr":
         return EpisodeStore.open(src)
     demos = run_dir / "demos.zarr"
-    if (demos / "zarr.json").is_file() and len(EpisodeStore.open(demos)):
+    if data_kind(demos) == "zarr" and len(EpisodeStore.open(demos)):
         return EpisodeStore.open(demos)
     return import_lerobot(src, demos, config=cfg.dataset)
 

@@ -212,9 +212,8 @@ def check_imagination(cfg) -> None:
         raise ConfigError(f"imagination.queue_capacity={im.queue_capacity} can never hold the {k} imagined segments of "
                           "a batch; raise it")
     if im.wm_replay_from and im.wm_replay_fraction > 0:
-        from pathlib import Path
-        p = Path(im.wm_replay_from)
-        if not ((p / "zarr.json").is_file() or (p / "meta" / "info.json").is_file()):
+        from acce.data_kind import data_kind
+        if data_kind(im.wm_replay_from) == "missing":
             raise ConfigError(f"imagination.wm_replay_from={im.wm_replay_from} is neither an acce episode store (no "
                               "zarr.json) nor a LeRobotDataset v3 folder (no meta/info.json); give the data the world "
                               "model was pretrained on (`acce collect --out PATH`) or leave it empty")

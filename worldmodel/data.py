@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from acce.data_kind import data_kind
 from acce.store.episodes import EpisodeStore
 from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, Episode
 
@@ -103,14 +104,13 @@ def load_episodes(path: str | os.PathLike) -> tuple[list[EpisodeArrays], dict[st
     image_shapes, state_dim, action_dim, control_hz and a per-task summary.
     """
     path = Path(path)
-    if (path / "zarr.json").is_file():
+    kind = data_kind(path)
+    if kind == "zarr":
         episodes, desc = _read_store(EpisodeStore.open(path))
-        kind = "zarr"
-    elif (path / "meta" / "info.json").is_file():
+    elif kind == "lerobot":
         from acce.store.lerobot_import import import_lerobot
         with tempfile.TemporaryDirectory(prefix="acce-wm-") as tmp:
             episodes, desc = _read_store(import_lerobot(path, Path(tmp) / "episodes.zarr"))
-        kind = "lerobot"
     else:
         raise FileNotFoundError(f"{path} is neither an acce episode store (no zarr.json) nor a LeRobotDataset v3 "
                                 "directory (no meta/info.json); record one with `acce collect --out PATH`")
