@@ -15,21 +15,12 @@ TINY_WM = ["wm.image_size=32", "wm.latent_dim=32", "wm.instruction_dim=8", "wm.i
            "wm.horizon=6", "wm.val_fraction=0.25"]
 
 
-@pytest.fixture
-def one_torch_thread():
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _collect(out, *flags):
     return main(["collect", "--config", "configs/debug.yaml", "--task", "reach", "--episodes", "4", "--num-envs", "2",
                  "--out", str(out), *flags])
 
 
-def test_collect_records_aux_labels_and_wm_pretrain_gives_an_aux_head(tmp_path, capsys, one_torch_thread):
+def test_collect_records_aux_labels_and_wm_pretrain_gives_an_aux_head(tmp_path, capsys, torch_threads):
     from worldmodel.model import WorldModel
     data = tmp_path / "aux.zarr"
     assert _collect(data, "--aux-labels") == 0
@@ -48,7 +39,7 @@ def test_collect_records_aux_labels_and_wm_pretrain_gives_an_aux_head(tmp_path, 
 
 
 def test_without_the_flag_the_store_has_no_labels_and_a_privileged_critic_refuses_its_model(tmp_path, capsys,
-                                                                                            one_torch_thread):
+                                                                                            torch_threads):
     from worldmodel.model import WorldModel
     data = tmp_path / "plain.zarr"
     assert _collect(data) == 0

@@ -138,16 +138,7 @@ KL_STOP = ["learner.epochs=2", "learner.minibatches=2", "learner.kl_stop=1e-12",
 """updates of up to 4 steps, each stopped after its first (the second minibatch's KL is > 0 after one step)"""
 
 
-@pytest.fixture
-def one_torch_thread():
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_a_local_run_with_imagination_keeps_training_through_early_stopped_updates(one_torch_thread):
+def test_a_local_run_with_imagination_keeps_training_through_early_stopped_updates(torch_threads):
     from acce.runtime.learner import Learner
     from acce.runtime.local import LocalRuntime
     from acce.train import build_policy

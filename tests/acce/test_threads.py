@@ -7,15 +7,8 @@ import torch
 from acce.threads import one_torch_thread, run_threads
 
 
-@pytest.fixture
-def two_torch_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_one_torch_thread_only_for_several_groups_on_the_main_thread(two_torch_threads):
+@pytest.mark.parametrize("torch_threads", [2], indirect=True)
+def test_one_torch_thread_only_for_several_groups_on_the_main_thread(torch_threads):
     restore = one_torch_thread(1)
     assert torch.get_num_threads() == 2  # one group: nothing to overlap, the setting stays
     restore()

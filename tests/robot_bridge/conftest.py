@@ -53,14 +53,9 @@ def host(checkpoint):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
+def _one_torch_thread(torch_threads_module: int) -> None:
     """Serve on one torch thread, as `acce serve` does (PolicyHost: 30-100x faster on 2 busy cores); the setting
-    is process-wide, so every module gives the other test folders their thread count back."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    is process-wide, so every module gives the other test folders their thread count back (torch_threads_module)."""
 
 
 @pytest.fixture()
