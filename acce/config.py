@@ -350,6 +350,9 @@ class Config:
             raise ConfigError(f"policy.critic=privileged reads the sim's privileged labels (obs['aux']); {unlabelled} "
                               "have none: use policy.critic=trunk")
         check_task_weights("bc.task_weights", self.bc.task_weights, self.env.tasks)
+        if [t for t in self.learner.anchor_tasks if not is_known_task(t)]:
+            raise ConfigError(f"learner.anchor_tasks names unknown task(s) {list(self.learner.anchor_tasks)}; "
+                              f"known: {list(KNOWN_TASKS)} or metaworld/<name>")
         if self.rollout.min_task_share * len(self.env.tasks) > 1.0 + 1e-9:
             raise ConfigError(f"rollout.min_task_share={self.rollout.min_task_share} over {len(self.env.tasks)} tasks "
                               f"exceeds 1; use at most {1.0 / len(self.env.tasks):.3g}")

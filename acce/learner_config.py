@@ -50,6 +50,13 @@ class LearnerConfig:
     """weight of KL(π ‖ π_ref), the chunk distribution's divergence from the policy RL started from (the warm start,
     frozen at the first update and kept in checkpoints), on every minibatch's observations; anchors RL fine-tuning
     to what cloning taught (0: off)"""
+    anchor_tasks: tuple[str, ...] = ()
+    """train_scope=residual: tasks whose decisions are held at the warm start, e.g. [reach] where cloning already
+    succeeds; the shared residual then moves only for the others (learner.anchor_coef; () = off)"""
+    anchor_coef: float = 0.0
+    """weight of the anchor: the KL from the cloned action head's chunk to the policy's, at the policy's own
+    (detached) std, i.e. the residual's correction in units of exploration noise, averaged over each minibatch's
+    decisions of learner.anchor_tasks (so it does not fade as those tasks get fewer episodes)"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
     train_scope: str = "all"
@@ -147,6 +154,11 @@ class LearnerConfig:
         if not self.aux_coef >= 0 or (self.aux_coef > 0 and self.train_scope != "all"):
             raise ConfigError(f"learner.aux_coef must be >= 0 and needs learner.train_scope=all (a residual scope "
                               f"freezes the encoder it would train), got {self.aux_coef} with {self.train_scope!r}")
+        if self.anchor_coef < 0 or bool(self.anchor_tasks) != (self.anchor_coef > 0) or (
+                self.anchor_tasks and self.train_scope != "residual"):
+            raise ConfigError(f"learner.anchor_tasks and learner.anchor_coef > 0 go together and need learner."
+                              f"train_scope=residual, got {list(self.anchor_tasks)}, {self.anchor_coef}, "
+                              f"{self.train_scope!r}")
         if self.critic_tail and self.kl_stop <= 0:
             raise ConfigError("learner.critic_tail fits the critic after an early stop at learner.kl_stop: set "
                               "kl_stop > 0 or critic_tail=false")

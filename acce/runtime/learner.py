@@ -21,7 +21,8 @@ from acce.algo.returns import gae, vtrace
 from acce.augment import augment_batch
 from acce.policy.frozen import RL_SCOPE_PREFIXES, features_with_shipped, frozen_stamp
 from acce.runtime.batch import collate, select_rows
-from acce.types import AUX_KEY, Segment
+from acce.task_names import task_id
+from acce.types import AUX_KEY, TASK_ID_KEY, Segment
 
 __all__ = ["Learner", "collate", "make_learner"]  # collate re-exported: callers build batches the way updates do
 
@@ -216,6 +217,8 @@ class Learner:
             cached["feats"] = feats
             if self.cfg.ref_kl_coef > 0:
                 cached["ref_mean"], cached["ref_log_std"], _ = self.ref_policy(inputs)
+            if self.cfg.anchor_tasks:  # the frozen cloned head's mean: the warm start's chunk without the residual
+                cached["base_mean"] = self.policy.mean_head(feats["h_action"]).view(mean.shape)
         _, _, boot_values = self.policy(self.policy.with_lang(data["boot"]))
         values = values.view(b, t)
         if not cfg.recompute_values:
@@ -279,6 +282,8 @@ class Learner:
         dev = self.policy.device
         chunk, mask = torch.as_tensor(data["chunk"], device=dev), torch.as_tensor(data["mask"], device=dev)
         pg_mask = mask.any(1)
+        anchored = torch.as_tensor(np.isin(data["inputs"][TASK_ID_KEY], [task_id(t) for t in cfg.anchor_tasks]),
+                                   device=dev)  # learner.anchor_tasks' decisions
         self.policy.train()
         sums: dict[str, float] = {}
         steps = tail_steps = 0
@@ -330,6 +335,11 @@ class Learner:
                     kl = gaussian_kl(mean, log_std, ref_mean, ref_log_std)
                     loss = loss + cfg.ref_kl_coef * kl
                     stats = {**stats, "loss/ref_kl": kl.item()}
+                if cfg.anchor_tasks:  # (0 in a minibatch without an anchored decision)
+                    rows, sig = anchored[it], log_std.detach()
+                    ak = gaussian_kl(mean[rows], sig, tg["base_mean"][it][rows], sig) if rows.any() else mean.sum() * 0
+                    loss, stats = loss + cfg.anchor_coef * ak, {**stats, "loss/anchor_kl": ak.item(),
+                                                                "learner/anchored_frac": rows.float().mean().item()}
                 grad_norm = self._step(loss)
                 self.version += 1
                 steps += 1
