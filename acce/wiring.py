@@ -269,6 +269,8 @@ class _WMTrainerFactory:
                                   f"the world model reads {list(trainer.model.cameras)}; replay data recorded with "
                                   "the run's env.cameras")
             trainer.set_replay(episodes, im.wm_replay_fraction)
+        if im.wm_calibrate_frames:
+            trainer.set_calibration(im.wm_calibrate_frames)
         return trainer
 
 

@@ -148,6 +148,10 @@ class ImaginationConfig:
     does not erase what the pretrained model knew (empty: train on the run's episodes only)"""
     wm_replay_fraction: float = 0.5
     """share of each world-model batch's sequences drawn from wm_replay_from when it is set (0: no replay)"""
+    wm_calibrate_frames: int = 0
+    """fit the world model's terminated / success thresholds online on the last this many real transitions, each
+    scored before the model trains on it, to the logit with the best F1 (0: logit > 0, or a checkpoint's own).
+    A fine-tuned head keeps its ranking but its logits drift, and imagined episodes then rarely succeed"""
     wm_min_episodes: int = 4
     """real episodes the online trainer holds before its first optimizer step"""
     wm_train_ratio: float = 0.5
@@ -188,6 +192,8 @@ class ImaginationConfig:
                               "imagination.imagined_fraction=0.5) or neither")
         if not 0.0 < self.record_fraction <= 1.0:
             raise ConfigError(f"imagination.record_fraction must be in (0, 1], got {self.record_fraction}")
+        if self.wm_calibrate_frames < 0:
+            raise ConfigError(f"imagination.wm_calibrate_frames must be >= 0 (0 = off), got {self.wm_calibrate_frames}")
         if not 0.0 <= self.wm_replay_fraction < 1.0:
             raise ConfigError(f"imagination.wm_replay_fraction={self.wm_replay_fraction} must be in [0, 1): the world "
                               "model must also train on the run's own episodes (0 turns replay off)")

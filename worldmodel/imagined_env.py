@@ -201,9 +201,9 @@ class ImaginedEnv:
         if idx.size:
             z, a = self._z[idx], torch.as_tensor(actions[idx], device=self.device)
             pred = self.model.next(z, a)
-            logits = self.model.done_logits(pred.z)
+            flags = self.model.done_flags(pred.z).cpu().numpy()  # logits above the (calibrated) thresholds
             reward[idx] = self.model.reward(z, a).cpu().numpy()
-            term[idx], succ[idx] = (logits[:, 0] > 0).cpu().numpy(), (logits[:, 1] > 0).cpu().numpy()
+            term[idx], succ[idx] = flags[:, 0], flags[:, 1]
             disagreement[idx] = pred.disagreement.cpu().numpy()
             self._z[idx] = pred.z
             self._dirty[idx] = True

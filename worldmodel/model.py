@@ -85,6 +85,8 @@ class WorldModel(nn.Module):
         self.register_buffer("reward_mean", torch.zeros(()))
         self.register_buffer("reward_std", torch.ones(()))
         self.register_buffer("stats_ready", torch.zeros((), dtype=torch.bool))
+        # (terminated, success) logit thresholds ImaginedEnv acts on; wm.calibrate_frames fits them online
+        self.register_buffer("done_threshold", torch.zeros(2))
         if self.aux_dim:  # registered only with the head, so state dicts of models without one are unchanged
             self.aux_head = mlp([L + G, H, self.aux_dim])
             self.register_buffer("aux_mean", torch.zeros(self.aux_dim))
@@ -234,6 +236,10 @@ class WorldModel(nn.Module):
         """(B, 2) logits (terminated, success) of the state z."""
         return self.done_head(z)
 
+    def done_flags(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, 2) bool (terminated, success) of the state z: each logit above its head's threshold."""
+        return self.done_logits(z) > self.done_threshold
+
     def terminated(self, z: torch.Tensor) -> torch.Tensor:
         return self.done_logits(z)[..., 0]
 
@@ -309,8 +315,9 @@ class WorldModel(nn.Module):
         if missing:
             raise ValueError(f"{path} lacks {missing}; re-run wm-pretrain (normalization stats are required)")
         model = cls.from_description(payload)
+        state = {"done_threshold": torch.zeros(2), **payload["state_dict"]}  # checkpoints from before thresholds
         try:
-            model.load_state_dict(payload["state_dict"])
+            model.load_state_dict(state)
         except RuntimeError as err:
             raise ValueError(f"{path}: weights do not fit the described model: {str(err).splitlines()[0]}") from None
         model.set_normalization(payload["normalization"])

@@ -39,6 +39,8 @@ class WorldModelTrainer:
         self.replay: SequenceBuffer | None = None
         """episodes replayed beside the buffer's (the pretraining data, `set_replay`); never evicted"""
         self.replay_fraction = 0.0
+        self.calibrator = None
+        """the done heads' online thresholds (`set_calibration`; None: logit > 0, or what a checkpoint holds)"""
         self.skipped_imagined = 0
         """episodes refused because they came from imagination"""
         self.episodes_added = 0
@@ -79,6 +81,8 @@ class WorldModelTrainer:
     def add_arrays(self, episodes: Sequence[EpisodeArrays]) -> None:
         p = self.model.aux_dim
         self._check_episodes(episodes, "episode(s)")
+        if self.calibrator is not None and bool(self.model.stats_ready):  # scored before the model trains on them
+            self.calibrator.observe(self.model, episodes)
         self.buffer.extend(episodes)
         self.episodes_added += len(episodes)
         if not bool(self.model.stats_ready) and len(self.buffer):
@@ -106,6 +110,12 @@ class WorldModelTrainer:
             raise ValueError("replay data holds no episode with a transition")
         self.replay, self.replay_fraction = replay, float(fraction)
         return len(replay)
+
+    def set_calibration(self, frames: int) -> None:
+        """Fit the terminated / success thresholds ImaginedEnv acts on to the last `frames` real transitions, each
+        scored before its episode joins the buffer (worldmodel.calibration); they travel with published weights."""
+        from worldmodel.calibration import Calibrator
+        self.calibrator = Calibrator(frames)
 
     def _sample(self) -> dict[str, Any]:
         B, L = self.cfg.batch_size, self.cfg.seq_len
@@ -149,6 +159,10 @@ class WorldModelTrainer:
                     "wm/buffer_episodes": float(len(self.buffer)),
                     "wm/replay_episodes": float(len(self.replay) if self.replay is not None else 0),
                     "wm/skipped_imagined_episodes": float(self.skipped_imagined)})
+        if self.calibrator is not None:
+            out.update({"wm/threshold/terminated": float(self.model.done_threshold[0]),
+                        "wm/threshold/success": float(self.model.done_threshold[1]),
+                        "wm/calibration_frames": float(self.calibrator.window_frames)})
         return out
 
     @torch.no_grad()

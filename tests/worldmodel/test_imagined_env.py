@@ -76,6 +76,18 @@ def test_terminated_head_ends_branches(episodes):
     assert step.episode_success.all()
 
 
+def test_heads_act_on_the_models_thresholds(episodes):
+    """A logit of -3 ends nothing at the default threshold 0, and ends every branch once the (calibrated)
+    thresholds sit below it (imagination.wm_calibrate_frames)."""
+    for threshold, ends in ((0.0, False), (-4.0, True)):
+        model = _calm(tiny_model(), terminated_logit=-3.0)
+        model.done_threshold.fill_(threshold)
+        env = ImaginedEnv(model, 2, start_episodes=episodes)
+        env.reset()
+        step = env.step(np.zeros((2, 4), np.float32))
+        assert step.terminated.all() == ends and step.success.all() == ends and not step.terminated.any() != ends
+
+
 def test_observations_are_decoded_lazily_and_in_index_order(episodes):
     env = ImaginedEnv(_calm(tiny_model()), 3, start_episodes=episodes, horizon=50)
     first = env.reset()

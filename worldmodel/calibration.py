@@ -1,0 +1,92 @@
+"""Online thresholds for the world model's done heads (terminated, success), fitted on real data it has not seen.
+
+A head fine-tuned on one improving policy's episodes keeps ranking steps well but its logits drift: in `bench wm`
+the success head's recall at logit > 0 fell from 0.65 to 0.14 while its AUROC held (docs/decisions.md). ImaginedEnv
+acts on `logit > threshold`, so the threshold is what needs to follow. `Calibrator` keeps the one-step logits of the
+last `frames` real transitions, each computed before its episode joins the training buffer (test-then-train, so the
+window never holds data the model was fitted on at the time), and sets each head's threshold to the logit that
+maximizes F1 there.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from worldmodel.data import EpisodeArrays, split_cameras
+
+MIN_POSITIVES = 5
+"""a head keeps its threshold until the window holds this many positive transitions"""
+
+
+def best_f1_threshold(logits: np.ndarray, label: np.ndarray) -> tuple[float, float]:
+    """(threshold, F1) with `logit > threshold` the best F1 over every cut between distinct logits (the midpoint
+    between the last logit called positive and the next one below it). Needs at least one positive."""
+    logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
+    if not label.any():
+        raise ValueError("best_f1_threshold needs at least one positive label")
+    values = np.unique(logits)[::-1]  # distinct, best first
+    order = np.argsort(-logits, kind="stable")
+    sorted_logits, sorted_label = logits[order], label[order]
+    last = np.searchsorted(-sorted_logits, -values, side="right") - 1  # last index of each distinct value
+    tp = np.cumsum(sorted_label)[last]
+    fp = np.cumsum(~sorted_label)[last]
+    f1 = 2 * tp / (2 * tp + fp + (label.sum() - tp))
+    k = int(np.argmax(f1))  # ties: the highest threshold (fewest positives called)
+    below = values[k + 1] if k + 1 < len(values) else values[k] - 1.0
+    return float((values[k] + below) / 2), float(f1[k])
+
+
+@torch.no_grad()
+def one_step_logits(model, ep: EpisodeArrays) -> np.ndarray:
+    """(T, 2) done-head logits of each transition's predicted next latent: encode frame t, step with action t,
+    as ImaginedEnv does. Labels are the episode's (terminated, success) per transition."""
+    t = ep.num_steps
+    obs = {**split_cameras(ep.images[:t], model.cameras), "state": ep.state[:t], "instruction": [ep.instruction] * t}
+    was_training = model.training
+    model.eval()
+    try:
+        z = model.encode(obs)
+        pred = model.next(z, torch.as_tensor(ep.action, dtype=torch.float32, device=z.device))
+        return model.done_logits(pred.z).float().cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
+class Calibrator:
+    """A window of (logits, labels) over the last `frames` real transitions and the thresholds fitted on it."""
+
+    def __init__(self, frames: int):
+        if frames <= 0:
+            raise ValueError(f"calibration window must be > 0 frames, got {frames}")
+        self.frames = int(frames)
+        self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._count = 0
+        self.f1 = [float("nan"), float("nan")]
+
+    def observe(self, model, episodes: Sequence[EpisodeArrays]) -> None:
+        """Score `episodes` with the current model (before it trains on them) and refit its thresholds."""
+        for ep in episodes:
+            if ep.num_steps:
+                labels = np.stack([ep.terminated, ep.success], -1).astype(bool)
+                self._window.append((one_step_logits(model, ep), labels))
+                self._count += ep.num_steps
+        while self._window and self._count - len(self._window[0][0]) >= self.frames:
+            self._count -= len(self._window.popleft()[0])
+        self.fit(model)
+
+    def fit(self, model) -> None:
+        if not self._window:
+            return
+        logits = np.concatenate([w[0] for w in self._window])
+        labels = np.concatenate([w[1] for w in self._window])
+        for head in (0, 1):
+            if labels[:, head].sum() >= MIN_POSITIVES:
+                threshold, self.f1[head] = best_f1_threshold(logits[:, head], labels[:, head])
+                model.done_threshold[head] = threshold
+
+    @property
+    def window_frames(self) -> int:
+        return self._count
