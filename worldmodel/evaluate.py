@@ -5,9 +5,9 @@ with the recorded actions; the prediction at horizon h is compared with o_{t0+h}
 long; n per horizon is reported). Metrics per horizon (1, 4, 16): image MSE on [0, 1] pixels and PSNR, state RMSE
 and mean L2 norm of the state error (raw units), reward MAE, the disagreement, and (models with an aux head, on
 episodes with aux labels) the aux head's RMSE in the labels' units (m). Frames are decoded onto the start
-frame, as ImaginedEnv does. Success/terminated heads: precision and recall at logit > 0 on one-step predicted latents
-(what ImaginedEnv uses), and the threshold-free AUROC and average precision of their logits. Held-out episodes are
-the checkpoint's validation split when `data` is the dataset it was trained on, else every episode of `data` (a
+frame, as ImaginedEnv does. Success/terminated heads: precision and recall at logit > the model's threshold (0 unless
+calibrated) on one-step predicted latents (what ImaginedEnv uses), and the threshold-free AUROC and average precision
+of their logits. Held-out episodes are the checkpoint's validation split when `data` is the dataset it was trained on, else every episode of `data` (a
 separate test dataset).
 """
 from __future__ import annotations
@@ -60,12 +60,13 @@ def frame_strip(real: np.ndarray, pred: np.ndarray) -> np.ndarray:
     return out
 
 
-def head_scores(logits: np.ndarray, label: np.ndarray) -> dict[str, float | int | None]:
-    """A done head's logits against its labels: precision and recall at logit > 0 (what ImaginedEnv acts on) and,
+def head_scores(logits: np.ndarray, label: np.ndarray, threshold: float = 0.0) -> dict[str, float | int | None]:
+    """A done head's logits against its labels: precision and recall at logit > threshold (what ImaginedEnv acts
+    on: the model's `done_threshold`, 0 unless calibrated) and,
     threshold-free, AUROC and average precision, which tell a head that ranks well but is miscalibrated (its recall
     moves with the threshold) from one that cannot tell the steps apart."""
     logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
-    pred = logits > 0
+    pred = logits > threshold
     tp, fp, fn = int((pred & label).sum()), int((pred & ~label).sum()), int((~pred & label).sum())
     npos, nneg = int(label.sum()), int((~label).sum())
     auroc = ap = None
@@ -80,7 +81,8 @@ def head_scores(logits: np.ndarray, label: np.ndarray) -> dict[str, float | int 
         tps, fps = np.cumsum(label[order])[last], np.cumsum(~label[order])[last]
         ap = float(np.sum(np.diff(np.r_[0, tps]) / npos * tps / (tps + fps)))
     return {"precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
-            "auroc": auroc, "average_precision": ap, "positives": npos, "n": int(label.size)}
+            "auroc": auroc, "average_precision": ap, "positives": npos, "n": int(label.size),
+            "threshold": float(threshold)}
 
 
 def _held_out(episodes: list[EpisodeArrays], model: WorldModel, data_path: str) -> tuple[list[EpisodeArrays], str]:
@@ -139,8 +141,9 @@ def evaluate_episodes(model: WorldModel, episodes: Sequence[EpisodeArrays], hori
             per_h[str(h)]["aux_rmse"] = float(np.sqrt(np.mean(a["aux_sq"])))
     dis1 = np.asarray(dis1)
     return {"horizons": per_h,
-            "success_head": head_scores(np.asarray(succ_p), np.asarray(succ_l, bool)),
-            "terminated_head": head_scores(np.asarray(term_p), np.asarray(term_l, bool)),
+            "success_head": head_scores(np.asarray(succ_p), np.asarray(succ_l, bool), float(model.done_threshold[1])),
+            "terminated_head": head_scores(np.asarray(term_p), np.asarray(term_l, bool),
+                                           float(model.done_threshold[0])),
             "disagreement_1step": {"p50": float(np.quantile(dis1, 0.5)), "p90": float(np.quantile(dis1, 0.9)),
                                    "p99": float(np.quantile(dis1, 0.99)),
                                    "frac_above_max": float((dis1 > model.cfg.max_disagreement).mean())},

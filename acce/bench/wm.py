@@ -152,14 +152,16 @@ def evaluate_model(checkpoint: Path, data: Path, out_json: Path) -> dict[str, An
 def quality(results: dict[str, Any]) -> dict[str, Any]:
     """The figures RL depends on from a wm_eval result: per horizon 1/4/16 image PSNR, state RMSE (raw units),
     reward MAE and the aux head's RMSE (m; None without an aux head or labels); the success head's precision and
-    recall at logit > 0, its threshold-free AUROC and average precision, and its positives."""
+    recall at the logit threshold ImaginedEnv acts on (0 unless calibrated), that threshold, its threshold-free
+    AUROC and average precision, and its positives."""
     out: dict[str, Any] = {}
     for h, r in results["horizons"].items():
         out[f"h{h}"] = {"psnr_db": r.get("image_psnr_db"), "state_rmse": r.get("state_rmse"),
                         "reward_mae": r.get("reward_mae"), "aux_rmse": r.get("aux_rmse"), "n": r["n"]}
     head = results["success_head"]
     out.update({"success_precision": head["precision"], "success_recall": head["recall"],
-                "success_auroc": head.get("auroc"), "success_average_precision": head.get("average_precision"),
+                "success_threshold": head.get("threshold", 0.0), "success_auroc": head.get("auroc"),
+                "success_average_precision": head.get("average_precision"),
                 "success_positives": head["positives"], "episodes": results.get("episodes"),
                 "wm_version": results.get("wm_version")})
     return out

@@ -27,6 +27,9 @@ def test_a_miscalibrated_head_ranks_perfectly_with_no_recall():
     s = head_scores(np.array([-0.1, -0.2, -3.0, -4.0]), np.array([True, True, False, False]))
     assert s["recall"] == 0.0 and s["precision"] is None
     assert s["auroc"] == 1.0 and s["average_precision"] == 1.0
+    # at a calibrated threshold of -1 (imagination.wm_calibrate_frames) the same head calls both positives
+    c = head_scores(np.array([-0.1, -0.2, -3.0, -4.0]), np.array([True, True, False, False]), threshold=-1.0)
+    assert c["recall"] == 1.0 and c["precision"] == 1.0 and c["threshold"] == -1.0 and c["auroc"] == 1.0
 
 
 def test_no_positives_or_no_negatives_give_no_threshold_free_score():
