@@ -155,10 +155,11 @@ class LearnerConfig:
             raise ConfigError(f"learner.aux_coef must be >= 0 and needs learner.train_scope=all (a residual scope "
                               f"freezes the encoder it would train), got {self.aux_coef} with {self.train_scope!r}")
         if self.anchor_coef < 0 or bool(self.anchor_tasks) != (self.anchor_coef > 0) or (
-                self.anchor_tasks and self.train_scope != "residual"):
+                self.anchor_tasks and (self.train_scope != "residual" or self.algorithm == "td3")):
             raise ConfigError(f"learner.anchor_tasks and learner.anchor_coef > 0 go together and need learner."
-                              f"train_scope=residual, got {list(self.anchor_tasks)}, {self.anchor_coef}, "
-                              f"{self.train_scope!r}")
+                              f"train_scope=residual with ppo or gipo (td3 keeps its residual near the warm start "
+                              f"with learner.bc_alpha), got {list(self.anchor_tasks)}, {self.anchor_coef}, "
+                              f"{self.train_scope!r}, {self.algorithm!r}")
         if self.critic_tail and self.kl_stop <= 0:
             raise ConfigError("learner.critic_tail fits the critic after an early stop at learner.kl_stop: set "
                               "kl_stop > 0 or critic_tail=false")

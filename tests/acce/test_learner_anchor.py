@@ -73,6 +73,8 @@ def test_anchor_holds_the_anchored_task_at_the_warm_start():
     (["learner.anchor_tasks=[reach]"], "go together"),
     (["learner.anchor_coef=1.0"], "go together"),
     (["learner.anchor_tasks=[reach]", "learner.anchor_coef=1.0"], "train_scope=residual"),
+    (["policy.residual_hidden=16", "learner.train_scope=residual", "learner.algorithm=td3",
+      "learner.anchor_tasks=[reach]", "learner.anchor_coef=1.0"], "td3 keeps its residual"),
     (["policy.residual_hidden=16", "learner.train_scope=residual", "learner.anchor_tasks=[reachh]",
       "learner.anchor_coef=1.0"], "unknown task"),
 ])
