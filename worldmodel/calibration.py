@@ -21,18 +21,22 @@ MIN_POSITIVES = 5
 """a head keeps its threshold until the window holds this many positive transitions"""
 
 
+def counts_at_thresholds(logits: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, tp, fp): the distinct logits best first, and the true and false positives of `logit >= value` at
+    each: the points of a precision-recall curve (shared by F1 calibration and average precision)."""
+    order = np.argsort(-logits, kind="stable")
+    sorted_logits = logits[order]
+    last = np.r_[np.flatnonzero(np.diff(sorted_logits)), len(logits) - 1]  # last index of each distinct value
+    return sorted_logits[last], np.cumsum(label[order])[last], np.cumsum(~label[order])[last]
+
+
 def best_f1_threshold(logits: np.ndarray, label: np.ndarray) -> tuple[float, float]:
     """(threshold, F1) with `logit > threshold` the best F1 over every cut between distinct logits (the midpoint
     between the last logit called positive and the next one below it). Needs at least one positive."""
     logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
     if not label.any():
         raise ValueError("best_f1_threshold needs at least one positive label")
-    values = np.unique(logits)[::-1]  # distinct, best first
-    order = np.argsort(-logits, kind="stable")
-    sorted_logits, sorted_label = logits[order], label[order]
-    last = np.searchsorted(-sorted_logits, -values, side="right") - 1  # last index of each distinct value
-    tp = np.cumsum(sorted_label)[last]
-    fp = np.cumsum(~sorted_label)[last]
+    values, tp, fp = counts_at_thresholds(logits, label)
     f1 = 2 * tp / (2 * tp + fp + (label.sum() - tp))
     k = int(np.argmax(f1))  # ties: the highest threshold (fewest positives called)
     below = values[k + 1] if k + 1 < len(values) else values[k] - 1.0

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from worldmodel.calibration import counts_at_thresholds
 from worldmodel.data import EpisodeArrays, load_episodes, split_cameras
 from worldmodel.model import WorldModel
 
@@ -76,9 +77,7 @@ def head_scores(logits: np.ndarray, label: np.ndarray, threshold: float = 0.0) -
         ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, tied values share their mean rank
         auroc = float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
         # average precision: sum over distinct thresholds (best first) of recall gained x precision there
-        order = np.argsort(-logits, kind="stable")
-        last = np.r_[np.flatnonzero(np.diff(logits[order])), len(logits) - 1]  # each threshold's last index
-        tps, fps = np.cumsum(label[order])[last], np.cumsum(~label[order])[last]
+        _, tps, fps = counts_at_thresholds(logits, label)
         ap = float(np.sum(np.diff(np.r_[0, tps]) / npos * tps / (tps + fps)))
     return {"precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
             "auroc": auroc, "average_precision": ap, "positives": npos, "n": int(label.size),

@@ -282,8 +282,8 @@ class Learner:
         dev = self.policy.device
         chunk, mask = torch.as_tensor(data["chunk"], device=dev), torch.as_tensor(data["mask"], device=dev)
         pg_mask = mask.any(1)
-        anchored = torch.as_tensor(np.isin(data["inputs"][TASK_ID_KEY], [task_id(t) for t in cfg.anchor_tasks]),
-                                   device=dev)  # learner.anchor_tasks' decisions
+        anchored = (torch.as_tensor(np.isin(data["inputs"][TASK_ID_KEY], [task_id(t) for t in cfg.anchor_tasks]),
+                                    device=dev) if cfg.anchor_tasks else None)  # learner.anchor_tasks' decisions
         self.policy.train()
         sums: dict[str, float] = {}
         steps = tail_steps = 0

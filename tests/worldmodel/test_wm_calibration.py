@@ -6,7 +6,7 @@ from wm_helpers import fake_episode, tiny_model
 
 from acce.config import load
 from acce.configlib import ConfigError
-from worldmodel.calibration import Calibrator, best_f1_threshold, one_step_logits
+from worldmodel.calibration import Calibrator, best_f1_threshold, counts_at_thresholds, one_step_logits
 from worldmodel.data import from_episode
 from worldmodel.model import WorldModel
 from worldmodel.trainer import WorldModelTrainer
@@ -28,6 +28,12 @@ def _arrays(n, seed0=0, steps=6):
 def test_best_f1_threshold_by_hand(logits, label, threshold, f1):
     got_t, got_f1 = best_f1_threshold(np.array(logits, float), np.array(label, bool))
     assert got_t == pytest.approx(threshold) and got_f1 == pytest.approx(f1)
+
+
+def test_counts_at_thresholds_by_hand():
+    # logit >= 2: {0} -> tp 1, fp 0; >= 1: {0, 1, 2} -> tp 2, fp 1; >= 0: all -> tp 2, fp 2 (ties share one point)
+    values, tp, fp = counts_at_thresholds(np.array([2.0, 1.0, 1.0, 0.0]), np.array([True, False, True, False]))
+    assert values.tolist() == [2.0, 1.0, 0.0] and tp.tolist() == [1, 2, 2] and fp.tolist() == [0, 1, 2]
 
 
 def test_best_f1_threshold_needs_a_positive():
