@@ -45,6 +45,15 @@ FORMAT = "acce-worldmodel"
 FORMAT_VERSION = 1
 
 
+def _as_tensor(x: Any, device: torch.device) -> torch.Tensor:
+    """x as a tensor on device; a read-only array (zarr chunks, shared-memory episodes) is copied first, since torch
+    cannot wrap it without warning, and the caller converts to float, which copies anyway."""
+    if torch.is_tensor(x):
+        return x.to(device)
+    arr = np.asarray(x)
+    return torch.as_tensor(arr if arr.flags.writeable else arr.copy(), device=device)
+
+
 class Prediction(NamedTuple):
     z: torch.Tensor
     """(B, L + G) mean of the heads' next latents (what imagination follows)"""
@@ -149,13 +158,12 @@ class WorldModel(nn.Module):
             raise KeyError(f"observation lacks {missing}; the world model reads {[*self.image_keys, STATE_KEY]}")
         images = []
         for key in self.image_keys:
-            img = torch.as_tensor(np.asarray(obs[key]) if not torch.is_tensor(obs[key]) else obs[key], device=dev)
+            img = _as_tensor(obs[key], dev)
             if img.shape[-3:] != (self.cfg.image_size, self.cfg.image_size, 3):
                 raise ValueError(f"obs[{key!r}] has shape {tuple(img.shape)}; the model reads (B, "
                                  f"{self.cfg.image_size}, {self.cfg.image_size}, 3) (wm.image_size)")
             images.append(img.permute(0, 3, 1, 2).contiguous().float() / 255.0)
-        state = torch.as_tensor(np.asarray(obs[STATE_KEY]) if not torch.is_tensor(obs[STATE_KEY]) else obs[STATE_KEY],
-                                device=dev).float()
+        state = _as_tensor(obs[STATE_KEY], dev).float()
         return torch.cat(images, 1), (state - self.state_mean) / self.state_std
 
     # --- the verbs ------------------------------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -168,3 +169,17 @@ def test_wm_metric_keys_are_documented():
     assert all(f"`{part}`" in text for part in ("total", "image_pred", "latent", "reward", "done"))
     missing = [k for k in sorted(normalized) if k not in text]
     assert not missing, f"undocumented world-model metric keys: {missing}"
+
+
+def test_read_only_observations_encode_as_writable_ones_without_a_warning():
+    # torch warns once per process about wrapping a read-only array (zarr chunks, shared-memory episodes), so the
+    # check runs in a fresh interpreter with warnings as errors
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, numpy as np, torch; sys.path.insert(0, {here!r}); from wm_helpers import tiny_model\n"
+            "m = tiny_model(); rng = np.random.default_rng(0)\n"
+            "obs = {'image/front': rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8), 'state': np.ones((3, 7), np.float32),"
+            " 'instruction': ['x'] * 3}\n"
+            "ref = m.encode(obs)\n"
+            "[v.setflags(write=False) for k, v in obs.items() if k != 'instruction']\n"
+            "with torch.no_grad(): assert torch.equal(m.encode(obs), ref.detach())\n")
+    subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], check=True)
