@@ -53,7 +53,7 @@ def one_step_logits(model, ep: EpisodeArrays) -> np.ndarray:
     model.eval()
     try:
         z = model.encode(obs)
-        pred = model.next(z, torch.as_tensor(ep.action, dtype=torch.float32, device=z.device))
+        pred = model.next(z, torch.tensor(ep.action, dtype=torch.float32, device=z.device))  # copies: may be read-only
         return model.done_logits(pred.z).float().cpu().numpy()
     finally:
         model.train(was_training)

@@ -171,7 +171,7 @@ def test_wm_metric_keys_are_documented():
     assert not missing, f"undocumented world-model metric keys: {missing}"
 
 
-def test_read_only_observations_encode_as_writable_ones_without_a_warning():
+def test_read_only_observations_and_episodes_are_scored_without_a_warning():
     # torch warns once per process about wrapping a read-only array (zarr chunks, shared-memory episodes), so the
     # check runs in a fresh interpreter with warnings as errors
     here = os.path.dirname(os.path.abspath(__file__))
@@ -181,5 +181,10 @@ def test_read_only_observations_encode_as_writable_ones_without_a_warning():
             " 'instruction': ['x'] * 3}\n"
             "ref = m.encode(obs)\n"
             "[v.setflags(write=False) for k, v in obs.items() if k != 'instruction']\n"
-            "with torch.no_grad(): assert torch.equal(m.encode(obs), ref.detach())\n")
+            "with torch.no_grad(): assert torch.equal(m.encode(obs), ref.detach())\n"
+            "from wm_helpers import fake_episode; from worldmodel.data import from_episode\n"
+            "from worldmodel.calibration import one_step_logits\n"
+            "ep = from_episode(fake_episode(6, 0), m.cameras)\n"
+            "[a.setflags(write=False) for a in (ep.images, ep.state, ep.action)]\n"
+            "assert one_step_logits(m, ep).shape == (6, 2)\n")
     subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], check=True)
