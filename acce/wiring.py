@@ -270,7 +270,7 @@ class _WMTrainerFactory:
                                   "the run's env.cameras")
             trainer.set_replay(episodes, im.wm_replay_fraction)
         if im.wm_calibrate_frames:
-            trainer.set_calibration(im.wm_calibrate_frames)
+            trainer.set_calibration(im.wm_calibrate_frames, im.wm_calibrate_rule)
         return trainer
 
 

@@ -152,6 +152,10 @@ class ImaginationConfig:
     """fit the world model's terminated / success thresholds online on the last this many real transitions, each
     scored before the model trains on it, to the logit with the best F1 (0: logit > 0, or a checkpoint's own).
     A fine-tuned head keeps its ranking but its logits drift, and imagined episodes then rarely succeed"""
+    wm_calibrate_rule: str = "f1"
+    """how the thresholds are fitted: `f1` (the cut with the best F1) or `count` (the cut above which the window
+    holds as many logits as successes, so imagined episodes succeed about as often as real ones; a quantile of the
+    window rather than an arg-max over a flat F1 curve)"""
     wm_min_episodes: int = 4
     """real episodes the online trainer holds before its first optimizer step"""
     wm_train_ratio: float = 0.5
@@ -194,6 +198,8 @@ class ImaginationConfig:
             raise ConfigError(f"imagination.record_fraction must be in (0, 1], got {self.record_fraction}")
         if self.wm_calibrate_frames < 0:
             raise ConfigError(f"imagination.wm_calibrate_frames must be >= 0 (0 = off), got {self.wm_calibrate_frames}")
+        if self.wm_calibrate_rule not in ("f1", "count"):
+            raise ConfigError(f"imagination.wm_calibrate_rule must be f1 or count, got {self.wm_calibrate_rule!r}")
         if not 0.0 <= self.wm_replay_fraction < 1.0:
             raise ConfigError(f"imagination.wm_replay_fraction={self.wm_replay_fraction} must be in [0, 1): the world "
                               "model must also train on the run's own episodes (0 turns replay off)")

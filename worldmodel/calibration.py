@@ -43,6 +43,22 @@ def best_f1_threshold(logits: np.ndarray, label: np.ndarray) -> tuple[float, flo
     return float((values[k] + below) / 2), float(f1[k])
 
 
+def count_matching_threshold(logits: np.ndarray, label: np.ndarray) -> float:
+    """The cut with as many logits above it as there are positives (the midpoint between the k-th and (k+1)-th
+    largest logit, k = positives): the head then calls successes as often as they happen. A quantile of the window,
+    so it moves smoothly as the window slides, unlike F1's arg-max. Logits tied at the cut are all called negative."""
+    logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
+    k = int(label.sum())
+    if not 0 < k:
+        raise ValueError("count_matching_threshold needs at least one positive label")
+    s = np.sort(logits)[::-1]
+    return float((s[k - 1] + s[k]) / 2) if k < len(s) else float(s[-1] - 1.0)
+
+
+RULES = ("f1", "count")
+"""how `Calibrator` picks a threshold: the best F1, or as many calls as positives"""
+
+
 @torch.no_grad()
 def one_step_logits(model, ep: EpisodeArrays) -> np.ndarray:
     """(T, 2) done-head logits of each transition's predicted next latent: encode frame t, step with action t,
@@ -62,10 +78,12 @@ def one_step_logits(model, ep: EpisodeArrays) -> np.ndarray:
 class Calibrator:
     """A window of (logits, labels) over the last `frames` real transitions and the thresholds fitted on it."""
 
-    def __init__(self, frames: int):
+    def __init__(self, frames: int, rule: str = "f1"):
         if frames <= 0:
             raise ValueError(f"calibration window must be > 0 frames, got {frames}")
-        self.frames = int(frames)
+        if rule not in RULES:
+            raise ValueError(f"calibration rule must be one of {RULES}, got {rule!r}")
+        self.frames, self.rule = int(frames), rule
         self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._count = 0
         self.f1 = [float("nan"), float("nan")]
@@ -88,7 +106,13 @@ class Calibrator:
         labels = np.concatenate([w[1] for w in self._window])
         for head in (0, 1):
             if labels[:, head].sum() >= MIN_POSITIVES:
-                threshold, self.f1[head] = best_f1_threshold(logits[:, head], labels[:, head])
+                x, y = logits[:, head], labels[:, head]
+                if self.rule == "count":
+                    threshold = count_matching_threshold(x, y)
+                    tp, called = int((y & (x > threshold)).sum()), int((x > threshold).sum())
+                    self.f1[head] = 2 * tp / (called + int(y.sum()))
+                else:
+                    threshold, self.f1[head] = best_f1_threshold(x, y)
                 model.done_threshold[head] = threshold
 
     @property

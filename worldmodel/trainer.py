@@ -111,11 +111,12 @@ class WorldModelTrainer:
         self.replay, self.replay_fraction = replay, float(fraction)
         return len(replay)
 
-    def set_calibration(self, frames: int) -> None:
+    def set_calibration(self, frames: int, rule: str = "f1") -> None:
         """Fit the terminated / success thresholds ImaginedEnv acts on to the last `frames` real transitions, each
-        scored before its episode joins the buffer (worldmodel.calibration); they travel with published weights."""
+        scored before its episode joins the buffer (worldmodel.calibration, `rule` f1 or count); they travel with
+        published weights."""
         from worldmodel.calibration import Calibrator
-        self.calibrator = Calibrator(frames)
+        self.calibrator = Calibrator(frames, rule)
 
     def _sample(self) -> dict[str, Any]:
         B, L = self.cfg.batch_size, self.cfg.seq_len

@@ -6,7 +6,8 @@ from wm_helpers import fake_episode, tiny_model
 
 from acce.config import load
 from acce.configlib import ConfigError
-from worldmodel.calibration import Calibrator, best_f1_threshold, counts_at_thresholds, one_step_logits
+from worldmodel.calibration import (Calibrator, best_f1_threshold, count_matching_threshold, counts_at_thresholds,
+                                   one_step_logits)
 from worldmodel.data import from_episode
 from worldmodel.model import WorldModel
 from worldmodel.trainer import WorldModelTrainer
@@ -34,6 +35,25 @@ def test_counts_at_thresholds_by_hand():
     # logit >= 2: {0} -> tp 1, fp 0; >= 1: {0, 1, 2} -> tp 2, fp 1; >= 0: all -> tp 2, fp 2 (ties share one point)
     values, tp, fp = counts_at_thresholds(np.array([2.0, 1.0, 1.0, 0.0]), np.array([True, False, True, False]))
     assert values.tolist() == [2.0, 1.0, 0.0] and tp.tolist() == [1, 2, 2] and fp.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("logits, label, threshold", [
+    ([3, 2, 1, 0, -1], [1, 0, 1, 0, 0], 1.5),  # 2 positives: the cut between the 2nd (2) and 3rd (1) largest
+    ([0.2, -0.4, 5.0], [0, 1, 0], 2.6),         # 1 positive, unsorted: between 5.0 and 0.2
+    ([2, 1], [1, 1], 0.0),                      # everything positive: one unit under the lowest logit
+    ([1, 1, 0], [1, 0, 0], 1.0),                # tied at the cut: both called negative (logit > 1 is false)
+])
+def test_count_matching_threshold_by_hand(logits, label, threshold):
+    assert count_matching_threshold(np.array(logits, float), np.array(label, bool)) == pytest.approx(threshold)
+
+
+def test_the_count_rule_calls_as_many_successes_as_the_window_holds():
+    model, eps = _drifted_model(), _arrays(12)
+    Calibrator(frames=1000, rule="count").observe(model, eps)
+    logits = np.concatenate([one_step_logits(model, ep) for ep in eps])[:, 1]
+    assert (logits > float(model.done_threshold[1])).sum() == 12 and float(model.done_threshold[1]) < -10
+    with pytest.raises(ValueError, match="rule must be one of"):
+        Calibrator(frames=10, rule="auc")
 
 
 def test_best_f1_threshold_needs_a_positive():
@@ -116,5 +136,10 @@ def test_the_online_trainer_calibrates_when_the_config_asks(tmp_path):
     assert wiring.wm_trainer_factory(on)(fake_episode(5, 0)).calibrator.frames == 500
     off = load(None, [*IMAGINATION, f"imagination.wm_init_from={tmp_path / 'wm.pt'}"])
     assert wiring.wm_trainer_factory(off)(fake_episode(5, 0)).calibrator is None
+    rule = load(None, [*IMAGINATION, f"imagination.wm_init_from={tmp_path / 'wm.pt'}",
+                       "imagination.wm_calibrate_frames=500", "imagination.wm_calibrate_rule=count"])
+    assert wiring.wm_trainer_factory(rule)(fake_episode(5, 0)).calibrator.rule == "count"
+    with pytest.raises(ConfigError, match="wm_calibrate_rule must be f1 or count"):
+        load(None, [*IMAGINATION, "imagination.wm_calibrate_rule=mean"])
     with pytest.raises(ConfigError, match="wm_calibrate_frames must be >= 0"):
         load(None, [*IMAGINATION, "imagination.wm_calibrate_frames=-1"])
