@@ -45,11 +45,11 @@ def best_f1_threshold(logits: np.ndarray, label: np.ndarray) -> tuple[float, flo
 
 def count_matching_threshold(logits: np.ndarray, label: np.ndarray) -> float:
     """The cut with as many logits above it as there are positives (the midpoint between the k-th and (k+1)-th
-    largest logit, k = positives): the head then calls successes as often as they happen. A quantile of the window,
-    so it moves smoothly as the window slides, unlike F1's arg-max. Logits tied at the cut are all called negative."""
+    largest logit, k = positives): the head then calls successes as often as they happen. A quantile of the window
+    rather than an arg-max over a flat F1 curve. Logits tied at the cut are all called negative."""
     logits, label = np.asarray(logits, np.float64), np.asarray(label, bool)
     k = int(label.sum())
-    if not 0 < k:
+    if k == 0:
         raise ValueError("count_matching_threshold needs at least one positive label")
     s = np.sort(logits)[::-1]
     return float((s[k - 1] + s[k]) / 2) if k < len(s) else float(s[-1] - 1.0)
