@@ -15,6 +15,10 @@ from acce.configlib import ConfigError
 ACTION_LEVELS = ("control_step",)
 """implemented action-conditioning levels (see the module docstring)"""
 
+CALIBRATE_RULES = ("f1", "count")
+"""how the done-head thresholds are fitted (imagination.wm_calibrate_rule; worldmodel.calibration): the best F1, or
+as many calls as positives"""
+
 
 @dataclass(frozen=True)
 class WMConfig:
@@ -198,7 +202,7 @@ class ImaginationConfig:
             raise ConfigError(f"imagination.record_fraction must be in (0, 1], got {self.record_fraction}")
         if self.wm_calibrate_frames < 0:
             raise ConfigError(f"imagination.wm_calibrate_frames must be >= 0 (0 = off), got {self.wm_calibrate_frames}")
-        if self.wm_calibrate_rule not in ("f1", "count"):
+        if self.wm_calibrate_rule not in CALIBRATE_RULES:
             raise ConfigError(f"imagination.wm_calibrate_rule must be f1 or count, got {self.wm_calibrate_rule!r}")
         if not 0.0 <= self.wm_replay_fraction < 1.0:
             raise ConfigError(f"imagination.wm_replay_fraction={self.wm_replay_fraction} must be in [0, 1): the world "

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from worldmodel.config import CALIBRATE_RULES
 from worldmodel.data import EpisodeArrays, split_cameras
 
 MIN_POSITIVES = 5
@@ -55,10 +56,6 @@ def count_matching_threshold(logits: np.ndarray, label: np.ndarray) -> float:
     return float((s[k - 1] + s[k]) / 2) if k < len(s) else float(s[-1] - 1.0)
 
 
-RULES = ("f1", "count")
-"""how `Calibrator` picks a threshold: the best F1, or as many calls as positives"""
-
-
 @torch.no_grad()
 def one_step_logits(model, ep: EpisodeArrays) -> np.ndarray:
     """(T, 2) done-head logits of each transition's predicted next latent: encode frame t, step with action t,
@@ -81,8 +78,8 @@ class Calibrator:
     def __init__(self, frames: int, rule: str = "f1"):
         if frames <= 0:
             raise ValueError(f"calibration window must be > 0 frames, got {frames}")
-        if rule not in RULES:
-            raise ValueError(f"calibration rule must be one of {RULES}, got {rule!r}")
+        if rule not in CALIBRATE_RULES:
+            raise ValueError(f"calibration rule must be one of {CALIBRATE_RULES}, got {rule!r}")
         self.frames, self.rule = int(frames), rule
         self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._count = 0

@@ -217,8 +217,8 @@ class WorldModel(nn.Module):
         self.require_stats()
         ctx = None
         if context is not None:
-            ctx = torch.cat([torch.as_tensor(np.asarray(context[k]), device=z.device).permute(0, 3, 1, 2).contiguous()
-                             .float() / 255.0 for k in self.image_keys], 1)
+            ctx = torch.cat([_as_tensor(context[k], z.device).permute(0, 3, 1, 2).contiguous().float() / 255.0
+                             for k in self.image_keys], 1)
         pixels, state_n = self.decode_tensors(z, ctx)
         images = (pixels * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         obs = {key: np.ascontiguousarray(images[..., 3 * i:3 * i + 3]) for i, key in enumerate(self.image_keys)}
