@@ -203,7 +203,8 @@ class ImaginationConfig:
         if self.wm_calibrate_frames < 0:
             raise ConfigError(f"imagination.wm_calibrate_frames must be >= 0 (0 = off), got {self.wm_calibrate_frames}")
         if self.wm_calibrate_rule not in CALIBRATE_RULES:
-            raise ConfigError(f"imagination.wm_calibrate_rule must be f1 or count, got {self.wm_calibrate_rule!r}")
+            rules = " or ".join(CALIBRATE_RULES)
+            raise ConfigError(f"imagination.wm_calibrate_rule must be {rules}, got {self.wm_calibrate_rule!r}")
         if not 0.0 <= self.wm_replay_fraction < 1.0:
             raise ConfigError(f"imagination.wm_replay_fraction={self.wm_replay_fraction} must be in [0, 1): the world "
                               "model must also train on the run's own episodes (0 turns replay off)")
