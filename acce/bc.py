@@ -113,6 +113,16 @@ class DemoDataset:
         self.masks = np.concatenate([self.masks, np.zeros((n, self.H), bool)])
         self.prefixes = np.concatenate([self.prefixes, np.zeros((n, self.D, self.A), np.float32)])
 
+    def add_aux_episodes(self, episodes: list[Episode]) -> None:
+        """Every step of `episodes` as an aux-only frame (bc.dagger_targets='aux'): their actions are not cloned."""
+        if not episodes:
+            return
+        keys = set(self.obs_arrays) - {INSTRUCTION_KEY, TASK_ID_KEY}
+        obs: dict[str, Any] = {k: np.concatenate([ep.obs[k][:ep.num_steps] for ep in episodes]) for k in keys
+                               if all(k in ep.obs for ep in episodes)}
+        obs[INSTRUCTION_KEY] = [ep.instruction for ep in episodes for _ in range(ep.num_steps)]
+        self.add_aux_frames(obs, np.concatenate([np.full(ep.num_steps, ep.task_id, np.int64) for ep in episodes]))
+
     def __len__(self) -> int:
         return len(self.instructions)
 

@@ -36,6 +36,11 @@ class BCConfig:
     expert's action, add them to the data, clone again (bc.steps is split evenly over the rounds + 1 phases)"""
     dagger_episodes: int = 300
     """policy episodes per DAgger round, split over env.tasks"""
+    dagger_targets: str = "expert"
+    """what a DAgger round's states teach: 'expert' (the scripted expert's action labels, cloned like demos) or
+    'aux' (only the aux head, from the simulator's privileged positions; needs bc.aux_loss_coef > 0): the encoder
+    learns to locate objects in the states the policy reaches while the action targets stay the demos'. For
+    experts whose labels jump between saturated actions near a boundary (docs/decisions.md)"""
     dagger_groups: int = 2
     """env groups per task in a DAgger round, each env.num_envs envs on its own thread with its own generator: one
     group steps while another's batch is in the policy (1 = one group, the previous behaviour and data)"""
@@ -76,6 +81,11 @@ class BCConfig:
                               f"{self.random_delay_steps}]")
         if self.dagger_rounds < 0 or self.dagger_episodes < 0 or self.dagger_groups < 1:
             raise ConfigError("bc.dagger_rounds and bc.dagger_episodes must be >= 0, bc.dagger_groups >= 1")
+        if self.dagger_targets not in ("expert", "aux"):
+            raise ConfigError(f"bc.dagger_targets must be 'expert' or 'aux', got {self.dagger_targets!r}")
+        if self.dagger_targets == "aux" and not self.aux_loss_coef > 0:
+            raise ConfigError("bc.dagger_targets='aux' trains only the aux head on the DAgger states: set "
+                              "bc.aux_loss_coef > 0 too")
         if not self.aux_loss_coef >= 0:
             raise ConfigError(f"bc.aux_loss_coef must be >= 0 (0 = off), got {self.aux_loss_coef}")
         if self.aux_frames < 0 or (self.aux_frames and not self.aux_loss_coef > 0):

@@ -126,7 +126,10 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                 max_delay=cfg.policy.max_delay_steps, random_delay_steps=cfg.bc.random_delay_steps,
                 min_delay_steps=cfg.bc.min_delay_steps, delay_inputs=cfg.bc.delay_inputs,
                 task_weights=cfg.bc.task_weights, groups=cfg.bc.dagger_groups)
-            data.extend(episodes, labels)
+            if cfg.bc.dagger_targets == "aux":
+                data.add_aux_episodes(episodes)
+            else:
+                data.extend(episodes, labels)
             metrics.scalars({f"bc/dagger_success/{t}": v for t, v in success.items()}, len(losses))
             info[f"dagger_round{r + 1}_success"] = success
     learner.reset_optimizer()

@@ -84,3 +84,47 @@ def test_aux_frames_come_from_fresh_layouts_near_the_start_pose():
     for layout in layouts:
         tip = obs["state"][[tuple(np.round(a, 4)) == layout for a in obs["aux"]], :3]
         assert np.abs(tip - tip[0]).max() <= AUX_FRAME_WALK_STEPS * step_m + 1e-3
+
+
+def test_aux_episodes_add_every_step_without_its_actions():
+    """bc.dagger_targets='aux': a DAgger episode's steps train the aux head only; the demos' targets are unchanged"""
+    demo = with_aux(episode(2), [[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]])
+    data = DemoDataset([demo], chunk_len=2, max_delay=1, action_dim=2)
+    before = data.targets.copy()
+    visited = with_aux(episode(3), [[6.0, 1.0]] * 4)
+    data.add_aux_episodes([visited])
+    assert len(data) == 2 + 3 and data.task_ids[2:] == [visited.task_id] * 3
+    inputs, target, mask = data.batch(np.arange(5))
+    assert mask[:2].any() and not mask[2:].any() and not target[2:].any()
+    np.testing.assert_array_equal(data.targets[:2], before)
+    np.testing.assert_allclose(inputs["aux"][2:, 0], [5.0, 5.0, 5.0])  # (6 - 1) / 1: the demo's decision frames 0, 2
+    with pytest.raises(Exception, match="bc.aux_loss_coef > 0 too"):
+        load(None, ["bc.dagger_rounds=1", "bc.dagger_targets=aux"])
+    with pytest.raises(Exception, match="'expert' or 'aux'"):
+        load(None, ["bc.dagger_targets=actions"])
+
+
+@pytest.mark.parametrize("targets", ["expert", "aux"])
+def test_a_dagger_round_feeds_the_actions_or_only_the_aux_head(tmp_path, targets):
+    """the real DAgger rollouts of a tiny warm start: with 'aux' its decisions join without action targets"""
+    from acce.warmstart import bc_warmstart
+
+    class Metrics:
+        def scalars(self, values, step):
+            pass
+
+    cfg = load("configs/debug.yaml", ["bc.episodes=2", "bc.steps=2", "bc.dagger_rounds=1", "bc.dagger_episodes=2",
+                                      "bc.aux_loss_coef=1.0", f"bc.dagger_targets={targets}", "env.num_envs=2"])
+    import acce.bc
+    seen = {}
+    real_train = acce.bc.bc_train
+
+    def spying_train(learner, data, *args, **kw):
+        seen[kw["desc"]] = (len(data), int(data.masks.any(1).sum()))
+        return real_train(learner, data, *args, **kw)
+    import unittest.mock
+    with unittest.mock.patch.object(acce.bc, "bc_train", spying_train):
+        _, info = bc_warmstart(cfg, tmp_path, metrics=Metrics(), progress=False)
+    (n0, cloned0), (n1, cloned1) = seen["cloning phase 1/2"], seen["cloning phase 2/2"]
+    assert n1 > n0 and "dagger_round1_success" in info
+    assert cloned1 == (cloned0 if targets == "aux" else n1)
