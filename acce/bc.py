@@ -117,9 +117,9 @@ class DemoDataset:
         """Every step of `episodes` as an aux-only frame (bc.dagger_targets='aux'): their actions are not cloned."""
         if not episodes:
             return
-        keys = set(self.obs_arrays) - {INSTRUCTION_KEY, TASK_ID_KEY}
-        obs: dict[str, Any] = {k: np.concatenate([ep.obs[k][:ep.num_steps] for ep in episodes]) for k in keys
-                               if all(k in ep.obs for ep in episodes)}
+        # a key some episode lacks is left out, so add_aux_frames names it in its error
+        obs: dict[str, Any] = {k: np.concatenate([ep.obs[k][:ep.num_steps] for ep in episodes])
+                               for k in self.obs_arrays if all(k in ep.obs for ep in episodes)}
         obs[INSTRUCTION_KEY] = [ep.instruction for ep in episodes for _ in range(ep.num_steps)]
         self.add_aux_frames(obs, np.concatenate([np.full(ep.num_steps, ep.task_id, np.int64) for ep in episodes]))
 

@@ -105,7 +105,7 @@ def test_aux_episodes_add_every_step_without_its_actions():
 
 
 @pytest.mark.parametrize("targets", ["expert", "aux"])
-def test_a_dagger_round_feeds_the_actions_or_only_the_aux_head(tmp_path, targets):
+def test_a_dagger_round_feeds_the_actions_or_only_the_aux_head(tmp_path, monkeypatch, targets):
     """the real DAgger rollouts of a tiny warm start: with 'aux' its decisions join without action targets"""
     from acce.warmstart import bc_warmstart
 
@@ -122,9 +122,8 @@ def test_a_dagger_round_feeds_the_actions_or_only_the_aux_head(tmp_path, targets
     def spying_train(learner, data, *args, **kw):
         seen[kw["desc"]] = (len(data), int(data.masks.any(1).sum()))
         return real_train(learner, data, *args, **kw)
-    import unittest.mock
-    with unittest.mock.patch.object(acce.bc, "bc_train", spying_train):
-        _, info = bc_warmstart(cfg, tmp_path, metrics=Metrics(), progress=False)
+    monkeypatch.setattr(acce.bc, "bc_train", spying_train)
+    _, info = bc_warmstart(cfg, tmp_path, metrics=Metrics(), progress=False)
     (n0, cloned0), (n1, cloned1) = seen["cloning phase 1/2"], seen["cloning phase 2/2"]
     assert n1 > n0 and "dagger_round1_success" in info
     assert cloned1 == (cloned0 if targets == "aux" else n1)
