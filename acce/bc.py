@@ -126,6 +126,16 @@ class DemoDataset:
     def __len__(self) -> int:
         return len(self.instructions)
 
+    def sample(self, rng: np.random.Generator, n: int, aux_only_share: float | None = None) -> np.ndarray:
+        """n decision indices drawn with replacement: every row equally likely (aux_only_share None, or data of one
+        kind), else round(n * aux_only_share) from the rows with no action target (at most n - 1, so every batch
+        clones some action) and the rest from the others."""
+        acting = self.masks.any(1)
+        if aux_only_share is None or acting.all() or not acting.any():
+            return rng.integers(len(self), size=n)
+        k = min(int(round(n * aux_only_share)), n - 1)
+        return np.concatenate([rng.choice(np.flatnonzero(acting), n - k), rng.choice(np.flatnonzero(~acting), k)])
+
     @property
     def states(self) -> np.ndarray:
         return self.obs_arrays["state"]
@@ -156,13 +166,15 @@ class DemoDataset:
 def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int = 0, progress: bool = True,
              metrics=None, augment_px: int = 0, lr_schedule: str = "constant", step_offset: int = 0,
              aux_coef: float = 0.0, desc: str = "bc warm start", max_wall_s: float = 0.0,
-             schedule_span: tuple[float, float] = (0.0, 1.0), clock=time.perf_counter) -> list[float]:
+             schedule_span: tuple[float, float] = (0.0, 1.0), clock=time.perf_counter,
+             aux_only_share: float | None = None) -> list[float]:
     """At most `steps` supervised steps at the optimizer's learning rate, and with max_wall_s > 0 at most that many
     seconds: whichever budget binds first ends the phase, and lr_schedule='cosine' decays the rate to 0 over it (the
     schedule's progress is the larger of the step and the time fraction), so a slower CPU gets a shorter but
     complete schedule instead of being cut off at a high rate. schedule_span (lo, hi): this call runs that part of
     one cosine (a phase of bc.phase_schedule=continuous), its progress mapped from 0..1 to lo..hi. With aux_coef > 0
-    the policy's aux head also learns the data's privileged aux labels. Returns the action losses (one per step)."""
+    the policy's aux head also learns the data's privileged aux labels; aux_only_share: DemoDataset.sample's. Returns
+    the action losses (one per step)."""
     from tqdm import tqdm
 
     lo, hi = schedule_span
@@ -183,7 +195,7 @@ def bc_train(learner, data: DemoDataset, steps: int, batch_size: int, seed: int 
         if lr_schedule == "cosine":
             for group, base in zip(learner.optimizer.param_groups, base_lrs):
                 group["lr"] = base * 0.5 * (1.0 + math.cos(math.pi * (lo + (hi - lo) * done)))
-        inputs, target, mask = data.batch(rng.integers(len(data), size=min(batch_size, len(data))))
+        inputs, target, mask = data.batch(data.sample(rng, min(batch_size, len(data)), aux_only_share))
         loss, aux_loss = learner.bc_step(inputs, target, mask, augment_px, aux_coef)
         losses.append(loss)
         aux_losses.append(aux_loss)

@@ -58,6 +58,11 @@ class BCConfig:
     and a few random actions, labelled by the simulator's privileged positions, with no action target. In a demo
     the arm is already heading for the goal, so an aux head can read the goal off the arm instead of the image
     (docs/decisions.md); here the arm says nothing about it. No expert is involved: only demos are scarce"""
+    aux_only_share: float | None = None
+    """share of each cloning batch drawn from the rows with no action target (bc.aux_frames, and DAgger states
+    under bc.dagger_targets='aux'), the rest from rows with one; None = every row equally likely, so the aux-only rows'
+    share follows their count (83-93 % of the rows after two aux-only DAgger rounds on Meta-World push). Used only
+    once the data holds both kinds"""
     random_delay_steps: int = 0
     """clone every decision at a latency d drawn uniformly from 0 … this many control steps, with the delay-aware
     inputs (d and the committed prefix) a policy sees at that latency; 0 = every decision at d = 0. A warm start for
@@ -91,6 +96,12 @@ class BCConfig:
         if self.aux_frames < 0 or (self.aux_frames and not self.aux_loss_coef > 0):
             raise ConfigError(f"bc.aux_frames={self.aux_frames}: give a count >= 0, and bc.aux_loss_coef > 0 to use "
                               "them (they train only the aux head)")
+        if self.aux_only_share is not None and not 0.0 <= self.aux_only_share < 1.0:
+            raise ConfigError(f"bc.aux_only_share must be in [0, 1) (the rest of each batch clones actions) or null "
+                              f"(rows drawn by count), got {self.aux_only_share}")
+        if self.aux_only_share is not None and not self.aux_loss_coef > 0:
+            raise ConfigError("bc.aux_only_share sets the share of aux-only rows, which train only the aux head: "
+                              "set bc.aux_loss_coef > 0 too")
         if not self.max_wall_s >= 0:
             raise ConfigError(f"bc.max_wall_s must be >= 0 seconds (0 = no time budget), got {self.max_wall_s}")
         if self.phase_schedule not in ("restart", "continuous"):

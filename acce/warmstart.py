@@ -116,7 +116,7 @@ def bc_warmstart(cfg: Config, run_dir: Path, metrics: Metrics, progress: bool, p
                            metrics=metrics, augment_px=cfg.bc.augment_shift_px, lr_schedule=cfg.bc.lr_schedule,
                            step_offset=len(losses), aux_coef=cfg.bc.aux_loss_coef,
                            desc=f"cloning phase {r + 1}/{rounds + 1}", max_wall_s=cfg.bc.max_wall_s / (rounds + 1),
-                           schedule_span=span)
+                           schedule_span=span, aux_only_share=cfg.bc.aux_only_share)
         if r < rounds:
             from acce.dagger import dagger_rollouts
             episodes, labels, success = dagger_rollouts(

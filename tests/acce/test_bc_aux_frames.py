@@ -127,3 +127,58 @@ def test_a_dagger_round_feeds_the_actions_or_only_the_aux_head(tmp_path, monkeyp
     (n0, cloned0), (n1, cloned1) = seen["cloning phase 1/2"], seen["cloning phase 2/2"]
     assert n1 > n0 and "dagger_round1_success" in info
     assert cloned1 == (cloned0 if targets == "aux" else n1)
+
+
+def mixed_data():
+    """two demo decisions (with action targets) and three aux-only frames"""
+    data = DemoDataset([with_aux(episode(2), [[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]])], chunk_len=2, max_delay=1,
+                       action_dim=2)
+    data.add_aux_frames(frames(3, 3.0), np.array([5, 5, 5]))
+    return data
+
+
+@pytest.mark.parametrize("share,aux_rows", [(0.3, 3), (0.25, 2), (0.0, 0), (0.9, 9), (0.99, 9)])
+def test_aux_only_share_fixes_the_aux_only_rows_per_batch(share, aux_rows):
+    data = mixed_data()
+    for seed in range(5):
+        idx = data.sample(np.random.default_rng(seed), 10, share)
+        # rows 2-4 are the aux-only frames; 0.99 is capped so that every batch clones some action
+        assert len(idx) == 10 and (idx >= 2).sum() == aux_rows
+
+
+def test_aux_only_share_none_draws_by_count_as_before():
+    data = mixed_data()
+    np.testing.assert_array_equal(data.sample(np.random.default_rng(3), 64, None),
+                                  np.random.default_rng(3).integers(5, size=64))
+    demos_only = DemoDataset([episode(4)], chunk_len=2, max_delay=0, action_dim=2)  # one kind: the share is moot
+    np.testing.assert_array_equal(demos_only.sample(np.random.default_rng(1), 16, 0.5),
+                                  np.random.default_rng(1).integers(4, size=16))
+
+
+def test_bc_train_batches_hold_the_configured_aux_only_share():
+    from acce.bc import bc_train
+
+    class CountingLearner:
+        def __init__(self):
+            self.optimizer = type("Opt", (), {"param_groups": [{"lr": 1e-3}]})()
+            self.no_target_rows = []
+
+        def bc_step(self, inputs, target, mask, augment_px, aux_coef):
+            self.no_target_rows.append(int((~mask.any(1)).sum()))
+            return 0.0, 0.0
+
+    for share, expected in ((0.5, 2), (None, None)):
+        learner = CountingLearner()
+        bc_train(learner, mixed_data(), steps=40, batch_size=4, progress=False, aux_only_share=share)
+        if expected is None:  # by count: 3 of 5 rows, so batches vary
+            assert len(set(learner.no_target_rows)) > 1 and 1.6 < np.mean(learner.no_target_rows) < 3.2
+        else:
+            assert learner.no_target_rows == [expected] * 40
+
+
+def test_aux_only_share_config_checks():
+    assert load(None, ["bc.aux_loss_coef=1", "bc.aux_only_share=0.3"]).bc.aux_only_share == 0.3
+    with pytest.raises(Exception, match=r"in \[0, 1\)"):
+        load(None, ["bc.aux_loss_coef=1", "bc.aux_only_share=1.0"])
+    with pytest.raises(Exception, match="aux_loss_coef > 0"):
+        load(None, ["bc.aux_only_share=0.3"])
