@@ -130,8 +130,10 @@ class DemoDataset:
         """n decision indices drawn with replacement: every row equally likely (aux_only_share None, or data of one
         kind), else round(n * aux_only_share) from the rows with no action target (at most n - 1, so every batch
         clones some action) and the rest from the others."""
+        if aux_only_share is None:
+            return rng.integers(len(self), size=n)
         acting = self.masks.any(1)
-        if aux_only_share is None or acting.all() or not acting.any():
+        if acting.all() or not acting.any():
             return rng.integers(len(self), size=n)
         k = min(int(round(n * aux_only_share)), n - 1)
         return np.concatenate([rng.choice(np.flatnonzero(acting), n - k), rng.choice(np.flatnonzero(~acting), k)])

@@ -61,8 +61,8 @@ class BCConfig:
     aux_only_share: float | None = None
     """share of each cloning batch drawn from the rows with no action target (bc.aux_frames, and DAgger states
     under bc.dagger_targets='aux'), the rest from rows with one; None = every row equally likely, so the aux-only rows'
-    share follows their count (83-93 % of the rows after two aux-only DAgger rounds on Meta-World push). Used only
-    once the data holds both kinds"""
+    share follows their count, which after aux-only DAgger rounds can leave few rows to clone actions from
+    (docs/decisions.md). Used only once the data holds both kinds"""
     random_delay_steps: int = 0
     """clone every decision at a latency d drawn uniformly from 0 … this many control steps, with the delay-aware
     inputs (d and the committed prefix) a policy sees at that latency; 0 = every decision at d = 0. A warm start for
