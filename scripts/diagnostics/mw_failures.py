@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-HAND, OBJECT, GOAL = slice(0, 2), slice(4, 6), slice(36, 38)
-"""xy of the hand, the first object and the goal in Meta-World's (39,) observation"""
+HAND = slice(0, 2)
+"""xy of the hand in Meta-World's (39,) observation (the object's and goal's slices are the env's aux labels')"""
 
 
 def main() -> None:
@@ -30,6 +30,7 @@ def main() -> None:
     args = p.parse_args()
     import sim.metaworld_env as mwe
     from acce.cli import main as acce_main
+    from sim.metaworld_env import AUX_GOAL_XY as GOAL, AUX_OBJECT_XY as OBJECT
 
     records: list[dict[str, Any]] = []
     live: dict[int, dict[str, Any]] = {}
