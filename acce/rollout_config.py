@@ -22,6 +22,13 @@ class RolloutConfig:
     min_task_share: float = 0.0
     """failure-weighted sampling: every task's probability is at least this fraction (0 = none), so a task the warm
     start already solves keeps sending the learner episodes that hold the shared policy where it succeeds"""
+    replay_failed: float = 0.0
+    """probability that a training env's next episode replays the layout (task and episode seed) of one of its
+    workers' earlier failed episodes instead of a fresh one (failed-layout replay, in the spirit of prioritized level
+    replay); each failure is replayed once, and queued again only if it fails again. 0 = fresh layouts only.
+    Evaluation never replays; training-success metrics count fresh layouts only (docs/decisions.md)"""
+    replay_capacity: int = 64
+    """failed layouts each rollout worker keeps for replay_failed, oldest dropped first"""
 
     def __post_init__(self) -> None:
         if self.segment_len <= 0 or self.execution_horizon <= 0 or self.num_workers <= 0:
@@ -30,6 +37,11 @@ class RolloutConfig:
             raise ConfigError(f"rollout.task_sampling must be 'uniform' or 'failure', got {self.task_sampling!r}")
         if not 0.0 <= self.min_task_share <= 1.0:
             raise ConfigError(f"rollout.min_task_share must be in [0, 1], got {self.min_task_share}")
+        if not 0.0 <= self.replay_failed < 1.0:
+            raise ConfigError(f"rollout.replay_failed must be in [0, 1) (a probability; 1 would never draw a fresh "
+                              f"layout), got {self.replay_failed}")
+        if self.replay_capacity <= 0:
+            raise ConfigError(f"rollout.replay_capacity must be positive, got {self.replay_capacity}")
 
 
 @dataclass(frozen=True)

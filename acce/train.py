@@ -116,12 +116,8 @@ class Trainer:
     def make_runtime(self, learner):
         from acce import wiring
 
-        def on_episode(ep):
-            task = TASK_BY_ID.get(ep["task_id"])
-            if task is not None and ep.get("source", "sim") != "imagined":  # the curriculum follows real episodes
-                self.sampler.update(task, ep["success"])
         wm = self.run_dir / "checkpoints" / "worldmodel.pt"
-        return wiring.make_runtime(self.cfg, learner, sampler=self.sampler, on_episode=on_episode,
+        return wiring.make_runtime(self.cfg, learner, sampler=self.sampler, on_episode=self._on_episode,
                                    wm_resume=str(wm) if self.resume_data is not None and wm.is_file() else None)
 
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
@@ -326,6 +322,12 @@ class Trainer:
         self._count_restarts(restarts0 + stats.restarts)
         return stats
 
+    def _on_episode(self, ep: dict[str, Any]) -> None:
+        """The curriculum follows real episodes on fresh layouts (a replayed layout had failed already)."""
+        task = TASK_BY_ID.get(ep["task_id"])
+        if task is not None and ep.get("source", "sim") != "imagined" and not ep.get("replayed"):
+            self.sampler.update(task, ep["success"])
+
     def _note_episodes(self, episodes, recent: list, recent_imagined: list) -> None:
         for ep in episodes:
             imagined = ep.get("source") == "imagined"
@@ -355,8 +357,11 @@ class Trainer:
              "progress/worker_restarts": float(self.counters.get("worker_restarts", 0)),
              **inference_metrics(stats.server)}
         point = {"wall_s": self.counters["wall_s"], "env_steps": self.counters["env_steps"], "version": version}
+        if self.cfg.rollout.replay_failed > 0 and recent:
+            m["episode/replay_share"] = float(np.mean([bool(e.get("replayed")) for e in recent]))
+        fresh = [e for e in recent if not e.get("replayed")]  # training success on fresh layouts only
         for task in self.cfg.env.tasks:
-            for source, pool in (("sim", recent), ("imagined", recent_imagined)):
+            for source, pool in (("sim", fresh), ("imagined", recent_imagined)):
                 eps = [e for e in pool if TASK_BY_ID.get(e["task_id"]) == task][-50:]
                 if eps:
                     m[f"episode/success/{source}/{task}"] = float(np.mean([e["success"] for e in eps]))

@@ -13,9 +13,10 @@ here). Validation decides (periodic evaluations, early stopping, presets); test 
 
 def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_split: str = "train", seed: int = 0,
                  image_size: int = 64, cameras=("front",), task_params: dict | None = None,
-                 task_sampler=None, episode_seeds=None, aux_labels: bool = False, privileged_state: bool = False) -> Any:
+                 task_sampler=None, episode_seeds=None, aux_labels: bool = False, privileged_state: bool = False,
+                 replay_failed: float = 0.0, replay_capacity: int = 64) -> Any:
     """The tabletop (or Meta-World) vector env; privileged_state: the sanity ladder's state-only view
-    (sim.privileged_env)."""
+    (sim.privileged_env); replay_failed / replay_capacity: SimVectorEnv's failed-layout replay (training only)."""
     from sim.task import SEED_SPLITS
     from sim.vector_env import SimVectorEnv, task_config_from_params
 
@@ -26,7 +27,8 @@ def make_sim_env(tasks, num_envs: int, *, seeds: str = "train", instruction_spli
     env = SimVectorEnv(tuple(tasks), num_envs, image_size=image_size, cameras=tuple(cameras),
                        instruction_split=instruction_split, seed_range=SEED_SPLITS[seeds],
                        seed=seed, task_configs=configs, task_sampler=task_sampler, episode_seeds=episode_seeds,
-                       aux_labels=aux_labels or privileged_state)
+                       aux_labels=aux_labels or privileged_state, replay_failed=replay_failed,
+                       replay_capacity=replay_capacity)
     if privileged_state:
         from sim.privileged_env import PrivilegedStateEnv
         return PrivilegedStateEnv(env)
@@ -124,7 +126,8 @@ class _RolloutEnvFactory:
         env = make_sim_env(cfg.env.tasks, cfg.env.num_envs, seeds="train", seed=cfg.run.seed * 1000 + worker_id,
                            image_size=cfg.env.image_size, cameras=cfg.env.cameras, task_params=cfg.env.task_params,
                            task_sampler=sampler, aux_labels=cfg.policy.critic == "privileged",
-                           privileged_state=cfg.env.privileged_state)
+                           privileged_state=cfg.env.privileged_state, replay_failed=cfg.rollout.replay_failed,
+                           replay_capacity=cfg.rollout.replay_capacity)
         if cfg.env.step_latency_ms > 0:
             from sim.slow_env import SlowStepEnv
             env = SlowStepEnv(env, cfg.env.step_latency_ms, cfg.env.step_latency_sigma, seed=worker_id,

@@ -7,6 +7,7 @@ env per slot. The autoreset is same-step (the finished episode's last observatio
 """
 from __future__ import annotations
 
+import collections
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -78,11 +79,22 @@ class SimVectorEnv:
                  cameras: tuple[str, ...] = ("front",), instruction_split: str = "train",
                  seed_range: range = TRAIN_SEEDS, seed: int = 0, task_configs: dict[str, TaskConfig] | None = None,
                  task_sampler: TaskSampler | None = None, episode_seeds: Iterator[int] | None = None,
-                 aux_labels: bool = False):
+                 aux_labels: bool = False, replay_failed: float = 0.0, replay_capacity: int = 64):
+        """replay_failed: probability that a slot's next episode replays the layout (task and seed) of an earlier
+        failed episode of this vector env instead of a fresh one; each failure is replayed once, and again only if it
+        fails again. replay_capacity: failed layouts kept, oldest dropped first. Training envs only: evaluation's
+        explicit episode_seeds never replay."""
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
         if not tasks:
             raise ValueError("give at least one task")
+        if not 0.0 <= replay_failed < 1.0:
+            raise ValueError(f"replay_failed must be in [0, 1), got {replay_failed}")
+        if replay_capacity <= 0:
+            raise ValueError(f"replay_capacity must be positive, got {replay_capacity}")
+        if replay_failed > 0 and episode_seeds is not None:
+            raise ValueError("replay_failed replays training layouts; an env with explicit episode_seeds "
+                             "(evaluation) must not replay (set replay_failed=0)")
         self.tasks = tuple(tasks)
         self.num_envs = num_envs
         self.image_size = image_size
@@ -100,6 +112,11 @@ class SimVectorEnv:
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.ever_success = np.zeros(num_envs, dtype=bool)
+        self.replay_failed = float(replay_failed)
+        self.failed: collections.deque[tuple[str, int]] = collections.deque(maxlen=int(replay_capacity))
+        """failed episodes' (task, seed) waiting to be replayed, oldest first"""
+        self.replayed = np.zeros(num_envs, dtype=bool)
+        """whether each slot's current episode is a replayed layout"""
         # one policy acts in every slot: the tasks must agree on the observation, action and control rate
         first = {t: self._env(0, t) for t in self.tasks}
         for name in ("state_dim", "action_dim", "control_hz"):
@@ -133,11 +150,19 @@ class SimVectorEnv:
         return self.tasks[i % len(self.tasks)]
 
     def _reset_slot(self, i: int, seed: int | None = None) -> None:
-        env = self._env(i, self._next_task(i))
+        # the rng is only asked when replay is on, so replay_failed=0 draws exactly the tasks and seeds it always did
+        replay = (seed is None and self.failed and self.replay_failed > 0
+                  and self.rng.random() < self.replay_failed)
+        if replay:
+            task, seed = self.failed.popleft()
+            env = self._env(i, task)
+        else:
+            env = self._env(i, self._next_task(i))
         self.current[i] = env
         self.seeds[i] = self._next_seed() if seed is None else seed
         env.reset(seed=int(self.seeds[i]))
         self.returns[i], self.lengths[i], self.ever_success[i] = 0.0, 0, False
+        self.replayed[i] = bool(replay)
 
     def reset(self, seeds: Sequence[int] | None = None) -> BatchObs:
         if seeds is not None and len(seeds) != self.num_envs:
@@ -195,14 +220,16 @@ class SimVectorEnv:
             if term or trunc:
                 final_obs[i] = env.observe()
                 ep_return[i], ep_length[i] = self.returns[i], self.lengths[i]
-        episode_success = self.ever_success.copy()
+        episode_success, replayed = self.ever_success.copy(), self.replayed.copy()
         for i in final_obs:
+            if self.replay_failed > 0 and not episode_success[i]:
+                self.failed.append((self.current[i].task_name, int(seeds[i])))
             self._reset_slot(i)
         obs = self.observe() if render else None
         return VecStep(obs=obs, reward=reward, terminated=terminated, truncated=truncated, success=success,
                        reward_terms=terms, final_obs=final_obs, episode_success=episode_success,
                        info={"episode_return": ep_return, "episode_length": ep_length, "task_id": task_ids,
-                             "seed": seeds})
+                             "seed": seeds, "replayed": replayed})
 
     def expert_actions(self, noise_std: float = 0.0) -> np.ndarray:
         """(N, A) scripted-expert actions for the current states (privileged; data collection only)."""

@@ -315,7 +315,8 @@ class RolloutWorker:
                                           "length": int(step.info["episode_length"][i]),
                                           "success": bool(step.episode_success[i]),
                                           "task_id": int(step.info["task_id"][i]), "source": self.source,
-                                          "seed": int(step.info["seed"][i])})
+                                          "seed": int(step.info["seed"][i]),
+                                          "replayed": ("replayed" in step.info and bool(step.info["replayed"][i]))})
                     next_id = tl.episode_id + self.env.num_envs
                     tl.end_episode(bool(step.terminated[i]), bool(step.truncated[i]), final)
                     tl.new_episode(next_id)
