@@ -68,6 +68,27 @@ def named(name: str, queue_maxsize: int | None = None):
     return queue
 
 
+def take_waiting(queue, n: int, timeout_s: float) -> list:
+    """Up to n items already waiting in a ray.util.queue.Queue, in two round trips whatever n (size, then one batch);
+    its one consumer is the caller, so the size cannot shrink in between."""
+    k = min(n, ray.get(queue.actor.qsize.remote(), timeout=timeout_s))
+    return ray.get(queue.actor.get_nowait_batch.remote(k), timeout=timeout_s) if k > 0 else []
+
+
+def take_batch(queue, n: int, stopped, timeout_s: float) -> list | None:
+    """n items from a ray.util.queue.Queue in FIFO order, or None if `stopped()` first (nothing is lost: a shortfall is
+    only possible on stop). Blocks (waking each second to see a stop) for one item, then takes whatever else is
+    waiting in one batch: a few round trips per update instead of one per segment."""
+    batch: list = []
+    while len(batch) < n and not stopped():
+        try:
+            batch.append(queue.get(timeout=1.0))
+        except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
+            continue
+        batch += take_waiting(queue, n - len(batch), timeout_s)
+    return batch if len(batch) == n else None
+
+
 class RemotePolicy:
     """PolicyClient over a ServerActor handle (used inside worker actors)."""
 
@@ -111,6 +132,10 @@ class RemoteGate:
 
     def try_acquire(self, worker_id: int, env_index: int, version: int) -> bool:
         return ray.get(self.handle.try_acquire.remote(worker_id, env_index, version), timeout=self.timeout_s)
+
+    def try_acquire_many(self, worker_id: int, env_indices: list[int], version: int) -> list[bool]:
+        return ray.get(self.handle.try_acquire_many.remote(worker_id, list(env_indices), version),
+                       timeout=self.timeout_s)
 
     def consumed(self, updates: int, version: int) -> None:
         """Fire and forget: the gate only grows more permissive with the report (a SyncGate opens the next round),

@@ -21,8 +21,8 @@ from ray.util.queue import Full, Queue
 from acce.runtime.imagination import (IMAGINATION_WORKER_ID0, ImaginationWorker, RecordingEnvFactory,
                                       WMTrainerRole, imagination_metrics)
 from acce.runtime.mixer import SourceMixer
-from acce.runtime.queue import StalenessGate, put_until_stopped
-from acce.runtime.ray_clients import named
+from acce.runtime.queue import StalenessGate, put_all_until_stopped, put_until_stopped
+from acce.runtime.ray_clients import named, take_waiting
 from acce.runtime.ray_roles import ImaginationActor, WMTrainerActor, ensure_running, resubmit_dead
 from acce.runtime.roles import ImaginationStats, ProducerStats, RolloutProducer, Tally, rebase, rollout_kwargs
 from acce.runtime.weights import WeightStore
@@ -36,12 +36,6 @@ TRAINER_BACKOFF_S = 0.1
 
 def _qsize(queue: Queue, timeout_s: float) -> int:
     return ray.get(queue.actor.qsize.remote(), timeout=timeout_s)
-
-
-def _take_now(queue: Queue, n: int, timeout_s: float) -> list:
-    """Up to n items that are already waiting (one consumer per queue, so the size cannot shrink in between)."""
-    k = min(n, _qsize(queue, timeout_s))
-    return ray.get(queue.actor.get_nowait_batch.remote(k), timeout=timeout_s) if k > 0 else []
 
 
 class _QueueSink:
@@ -84,7 +78,7 @@ class MixedBatches:
         ray.get([self.sim_gate.shift.remote(-n), self.imagined_gate.shift.remote(n)], timeout=self.timeout_s)
 
     def take(self, get_sim) -> list | None:
-        return self.mixer.take(get_sim, lambda n: _take_now(self.queue, n, self.timeout_s))
+        return self.mixer.take(get_sim, lambda n: take_waiting(self.queue, n, self.timeout_s))
 
     def metrics(self, batch: list, learner_version: int) -> dict[str, float]:
         return self.mixer.metrics(batch, learner_version)
@@ -119,7 +113,8 @@ class BuildImaginationProducer:
             version, (ref,) = ray.get(wm_store.get.remote(), timeout=t)
             worker.offer(ray.get(ref, timeout=t))
             seen["offered"] = version
-        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), refresh=sync_wm)
+        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), refresh=sync_wm,
+                               put_many=lambda segs: put_all_until_stopped(queue, segs, stopped, t))
 
 
 class BuildWMTrainer:
@@ -132,7 +127,7 @@ class BuildWMTrainer:
         t, queue, store = self.cfg.runtime.timeout_s, self.episode_queue, self.wm_store
 
         def take() -> list:
-            items = _take_now(queue, 256, t)
+            items = take_waiting(queue, 256, t)
             for item in items:
                 role.note_dropped(item["sink"], item["dropped"])
             return [item["episode"] for item in items]

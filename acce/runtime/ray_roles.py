@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import ray
 
-from acce.runtime.queue import put_until_stopped
-from acce.runtime.ray_clients import RemoteGate, RemotePolicy, named, set_torch_threads
+from acce.runtime.queue import put_all_until_stopped, put_until_stopped
+from acce.runtime.ray_clients import RemoteGate, RemotePolicy, named, set_torch_threads, take_batch
 from acce.runtime.roles import LearnerConsumer, RolloutProducer, rollout_kwargs
 
 
@@ -134,7 +134,8 @@ class BuildSimProducer:
         def on_episode(ep: dict) -> None:  # this process's own curriculum (the driver keeps the logged one)
             if sampler is not None and hasattr(sampler, "update") and ep["task_id"] in self.task_by_id:
                 sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
-        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), on_episode=on_episode)
+        return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), on_episode=on_episode,
+                               put_many=lambda segs: put_all_until_stopped(queue, segs, stopped, t))
 
 
 class BuildLearner:
@@ -167,13 +168,7 @@ class BuildLearner:
                     timeout=t)
 
         def get_sim(n: int) -> list | None:
-            batch = []
-            while len(batch) < n and not stopped():
-                try:
-                    batch.append(queue.get(timeout=1.0))
-                except Exception:  # ray.util.queue.Empty after the timeout: check stop, keep waiting
-                    continue
-            return batch if len(batch) == n else None
+            return take_batch(queue, n, stopped, t)
         b, mixed = cfg.learner.batch_segments, self.mixed
         return LearnerConsumer(learner, (lambda: mixed.take(get_sim)) if mixed is not None else (lambda: get_sim(b)),
                                publish, [RemoteGate(named(name), t) for name in self.gate_names],

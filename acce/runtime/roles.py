@@ -208,13 +208,15 @@ def rollout_kwargs(cfg) -> dict[str, Any]:
 class RolloutProducer:
     """Role: a RolloutWorker or ImaginationWorker whose complete segments go to `put`, whole or not at all.
 
-    put(segment) may block (pacing) and returns False when the run stops first; on_episode(ep) runs where the
+    put(segment) may block (pacing) and returns False when the run stops first; put_many(segments), if given, takes
+    a tick's segments in order in one call instead (a remote queue: one round trip); on_episode(ep) runs where the
     worker runs (Ray: the actor's own curriculum); refresh() runs before each tick (imagination: pull the newest
     world model)."""
 
     def __init__(self, worker, put: Callable[[Segment], Any], *, max_steps: int = 64,
-                 on_episode: Callable[[dict], None] | None = None, refresh: Callable[[], None] | None = None):
-        self.worker, self.put, self.max_steps = worker, put, max_steps
+                 on_episode: Callable[[dict], None] | None = None, refresh: Callable[[], None] | None = None,
+                 put_many: Callable[[list[Segment]], Any] | None = None):
+        self.worker, self.put, self.put_many, self.max_steps = worker, put, put_many, max_steps
         self.on_episode, self.refresh = on_episode, refresh
         self.episodes: list[dict[str, Any]] = []
         self.busy_s = self.idle_s = 0.0
@@ -236,10 +238,13 @@ class RolloutProducer:
             if self.on_episode is not None:
                 self.on_episode(ep)
             self.episodes.append(ep)
-        for seg in segments:
-            t0 = time.perf_counter()
-            self.put(seg)
-            self.idle_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.put_many is not None and segments:
+            self.put_many(segments)
+        else:
+            for seg in segments:
+                self.put(seg)
+        self.idle_s += time.perf_counter() - t0
         return bool(segments) or not self.worker.idle
 
     def stats(self, pid: int = 0) -> ProducerStats:

@@ -197,23 +197,32 @@ class RolloutWorker:
                 self.timelines[i].on_input(inp, d)
                 self.waiting[i] = (inp, d)
                 self._pop(i, out)
-        go = []
+        go, asks = [], []
         version = None  # the server's version, asked once per call (a remote call on Ray)
         now = time.perf_counter()
         for i in sorted(self.waiting):
-            if not self.ticket[i]:
-                if self.gate is not None:
-                    version = int(self.policy.version) if version is None else version
-                    denied = self._denied.get(i)
-                    if denied is not None and denied[0] == version and now - denied[1] < GATE_RETRY_S:
-                        continue  # denied at this version a moment ago: it opens when a new version arrives
-                    self._counts["gate_asks"] += 1
-                    if not self.gate.try_acquire(self.worker_id, i, version):
-                        self._denied[i] = (version, now)
-                        continue
-                    self._denied.pop(i, None)
-                self.ticket[i] = True
-            go.append(i)
+            if self.ticket[i] or self.gate is None:
+                go.append(i)
+                continue
+            version = int(self.policy.version) if version is None else version
+            denied = self._denied.get(i)
+            if denied is not None and denied[0] == version and now - denied[1] < GATE_RETRY_S:
+                continue  # denied at this version a moment ago: it opens when a new version arrives
+            asks.append(i)
+        if asks:  # one gate call for every env asking (a round trip on Ray), answered in env order
+            self._counts["gate_asks"] += len(asks)
+            many = getattr(self.gate, "try_acquire_many", None)
+            granted = many(self.worker_id, asks, version) if many is not None else \
+                [self.gate.try_acquire(self.worker_id, i, version) for i in asks]
+            for i, ok in zip(asks, granted):
+                if not ok:
+                    self._denied[i] = (version, now)
+                    continue
+                self._denied.pop(i, None)
+                go.append(i)
+            go.sort()
+        for i in go:
+            self.ticket[i] = True
         self.paused[:] = False
         self.paused[list(set(self.waiting) - set(go))] = True
         if not go:
