@@ -32,7 +32,6 @@ from acce.policy.vision import VisionEncoder
 from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, EnvSpec
 
 
-
 def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
     """'' when `given` has exactly the keys and shapes of `expected`, else a one-line description."""
     def few(names: list[str]) -> str:
@@ -282,14 +281,16 @@ class VLAPolicy(nn.Module):
         if self.config.residual_hidden:  # RL's correction on the cloned head, from frozen features
             parts = [f["h_action"].detach(), f["state"]] + ([f["aux"].detach()] if self._residual_aux else [])
             mean = mean + self.residual(torch.cat(parts, -1)).view(shape)
-        if self.config.critic == "privileged":
-            value = self.value_head(f["privileged"], f["state"], f["lang"], f["prefix"], f["delay"],
-                                    self.config.max_delay_steps)
-        else:
-            value_in = f["h_value"]
-            value = self.value_head(value_in.detach() if self.config.value_stop_gradient else value_in).squeeze(-1)
+        value = self.value(f)
         log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)
         return mean, log_std, value
+
+    def value(self, f: Mapping[str, Any]) -> torch.Tensor:
+        """(B,) the critic on features(batch); the privileged one reads no trunk output: features_from(batch, {})."""
+        if self.config.critic == "privileged":
+            return self.value_head(f["privileged"], f["state"], f["lang"], f["prefix"], f["delay"],
+                                   self.config.max_delay_steps)
+        return self.value_head(f["h_value"].detach() if self.config.value_stop_gradient else f["h_value"]).squeeze(-1)
 
     @torch.no_grad()
     def act(self, batch: Mapping[str, Any], deterministic: bool = False,

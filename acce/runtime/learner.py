@@ -219,7 +219,9 @@ class Learner:
                 cached["ref_mean"], cached["ref_log_std"], _ = self.ref_policy(inputs)
             if self.cfg.anchor_tasks:  # the frozen cloned head's mean: the warm start's chunk without the residual
                 cached["base_mean"] = self.policy.mean_head(feats["h_action"]).view(mean.shape)
-        _, _, boot_values = self.policy(self.policy.with_lang(data["boot"]))
+        boot = self.policy.with_lang(data["boot"])  # (the privileged critic needs no vision or trunk for these rows)
+        boot_values = self.policy.value(self.policy.features_from(boot, {}) if self.policy.config.critic == "privileged"
+                                        else self.policy.features(boot))
         values = values.view(b, t)
         if not cfg.recompute_values:
             values = torch.as_tensor(data["behavior_value"], device=dev)

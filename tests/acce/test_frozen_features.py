@@ -7,6 +7,7 @@ import torch
 
 from acce.config import load
 from acce.policy.frozen import frozen_stamp
+from acce.policy.vla import VLAPolicy
 from acce.runtime.learner import Learner
 from acce.serving.inference import InferenceServer
 from test_runtime import TINY, make_runtime, run_updates, tiny_policy  # noqa: E402 (tests/acce is on sys.path)
@@ -154,3 +155,16 @@ def test_merge_with_shipped_rows_equals_features_for_an_aux_reading_residual():
     (m_full, s_full, v_full), (m_merged, s_merged, v_merged) = policy.heads(full), policy.heads(merged)
     assert torch.equal(m_full[shipped_rows], m_merged[shipped_rows]) and torch.equal(s_full, s_merged)
     torch.testing.assert_close(v_full, v_merged, rtol=0, atol=1e-5)
+
+
+def test_a_privileged_critic_bootstraps_without_vision():
+    """Bootstrap rows need only values; the privileged critic's read no trunk output, so vision runs for the
+    decisions alone (features recomputed here: none shipped)."""
+    cfg, _, segments = collected()
+    torch.manual_seed(0)
+    policy = VLAPolicy(dataclasses.replace(cfg.policy, critic="privileged"), 7, 4, tiny_policy(cfg).norm,
+                       privileged_dim=4)
+    vision_rows = []
+    policy.vision.register_forward_hook(lambda m, inp, out: vision_rows.append(inp[0].shape[0]))
+    Learner(policy, cfg.learner, seed=0).update(without_features(segments))
+    assert sum(vision_rows) == sum(len(s) for s in segments)  # not one bootstrap row

@@ -89,3 +89,17 @@ def test_residual_reads_the_aux_estimate():
     assert policy.residual[0].weight.grad[:, width + S:].abs().sum() > 0  # the aux columns carry gradient
     off = VLAPolicy(dataclasses.replace(cfg, residual_reads_aux=False), S, A, NORM, aux_dim=4)
     assert off.residual[0].in_features == width + S
+
+
+def test_privileged_value_needs_no_vision_or_trunk_and_equals_the_forward_pass():
+    """The learner's bootstrap rows take this path: the same values, bit for bit, without the expensive part."""
+    policy = make_priv()
+    batch = with_prefix(make_batch(policy), [0, 1, 2])
+    batch = {**batch, "aux": np.random.default_rng(1).uniform(-0.2, 0.2, (3, 4)).astype(np.float32)}
+    vision_calls = []
+    policy.vision.register_forward_hook(lambda m, inp, out: vision_calls.append(1))
+    with torch.no_grad():
+        cheap = policy.value(policy.features_from(batch, {}))
+        assert not vision_calls
+        full = policy(batch)[2]
+    assert torch.equal(cheap, full) and vision_calls
