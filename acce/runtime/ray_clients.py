@@ -76,9 +76,9 @@ def take_waiting(queue, n: int, timeout_s: float) -> list:
 
 
 def take_batch(queue, n: int, stopped, timeout_s: float) -> list | None:
-    """n items from a ray.util.queue.Queue in FIFO order, or None if `stopped()` first (nothing is lost: a shortfall is
-    only possible on stop). Blocks (waking each second to see a stop) for one item, then takes whatever else is
-    waiting in one batch: a few round trips per update instead of one per segment."""
+    """n items from a ray.util.queue.Queue in FIFO order, or None if `stopped()` first (the run is ending: a partial
+    batch is dropped, as before batching). Blocks (waking each second to see a stop) for one item, then takes whatever
+    else is waiting in one batch: a few round trips per update instead of one per segment."""
     batch: list = []
     while len(batch) < n and not stopped():
         try:
