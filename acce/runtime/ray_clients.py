@@ -68,10 +68,15 @@ def named(name: str, queue_maxsize: int | None = None):
     return queue
 
 
+def queue_size(queue, timeout_s: float) -> int:
+    """Items waiting in a ray.util.queue.Queue now (one round trip)."""
+    return ray.get(queue.actor.qsize.remote(), timeout=timeout_s)
+
+
 def take_waiting(queue, n: int, timeout_s: float) -> list:
     """Up to n items already waiting in a ray.util.queue.Queue, in two round trips whatever n (size, then one batch);
     its one consumer is the caller, so the size cannot shrink in between."""
-    k = min(n, ray.get(queue.actor.qsize.remote(), timeout=timeout_s))
+    k = min(n, queue_size(queue, timeout_s))
     return ray.get(queue.actor.get_nowait_batch.remote(k), timeout=timeout_s) if k > 0 else []
 
 

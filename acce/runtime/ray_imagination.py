@@ -22,7 +22,7 @@ from acce.runtime.imagination import (IMAGINATION_WORKER_ID0, ImaginationWorker,
                                       WMTrainerRole, imagination_metrics)
 from acce.runtime.mixer import SourceMixer
 from acce.runtime.queue import StalenessGate, put_all_until_stopped, put_until_stopped
-from acce.runtime.ray_clients import named, take_waiting
+from acce.runtime.ray_clients import named, queue_size, take_waiting
 from acce.runtime.ray_roles import ImaginationActor, WMTrainerActor, ensure_running, resubmit_dead
 from acce.runtime.roles import ImaginationStats, ProducerStats, RolloutProducer, Tally, rebase, rollout_kwargs
 from acce.runtime.weights import WeightStore
@@ -32,10 +32,6 @@ IMAGINATION_BACKOFF_S = 0.05
 version), so imagination backs off longer than a sim worker and leaves it the CPU"""
 TRAINER_BACKOFF_S = 0.1
 """nothing to learn from yet: the world-model trainer waits for episodes"""
-
-
-def _qsize(queue: Queue, timeout_s: float) -> int:
-    return ray.get(queue.actor.qsize.remote(), timeout=timeout_s)
 
 
 class _QueueSink:
@@ -222,7 +218,7 @@ class RayImagination:
 
     def stats(self) -> ImaginationStats:
         return ImaginationStats(imagined_steps=sum(t.total for t in self._tallies.values()),
-                                imagined_queue_size=_qsize(self.queue, self.timeout_s), wm=dict(self.metrics))
+                                imagined_queue_size=queue_size(self.queue, self.timeout_s), wm=dict(self.metrics))
 
     def stop(self) -> None:
         """Stop the loops and wait for them; a loop lost to an actor restart has nothing left to finish."""
