@@ -147,7 +147,7 @@ def cmd_eval(args) -> int:
     from acce.device import driver_device, place
     # the run's runtime.device (a GPU run's checkpoint on a CPU machine: runtime.device=cpu or auto)
     policy = place(policy_from_checkpoint(data), driver_device(cfg.runtime), cfg.runtime.amp)
-    server = InferenceServer(policy, deterministic=True)
+    server = InferenceServer(policy, deterministic=True, backend=cfg.runtime.inference_backend)
     server._version = int(data["learner"]["version"])
     tasks = args.task or list(cfg.env.tasks)
     probe = None

@@ -12,7 +12,7 @@ from typing import Union
 from acce.bc_config import BCConfig
 from acce.configlib import ConfigError, load_config
 from acce.data_config import DatasetConfig
-from acce.device import DEVICES
+from acce.device import DEVICES, INFERENCE_BACKENDS
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
 from acce.rollout_config import DelayConfig, RolloutConfig
@@ -167,6 +167,12 @@ class RuntimeConfig:
     learner_gpus)"""
     server_cpus: float = 0.5
     """Ray CPU resource per inference server"""
+    inference_backend: str = "auto"
+    """what runs the policy's vision + trunk in the inference servers (rollouts, evaluation, `acce serve`): 'torch';
+    'onnxruntime' (CPU, fp32: an ONNX export of the frozen part, made at the first batch and again whenever the frozen
+    weights change; fails at start-up where it cannot apply); 'auto' = ONNX Runtime where it applies (CPU, fp32,
+    onnxruntime installed), until the first weight swap that changes the frozen part (learner.train_scope other than
+    residual), then torch. Heads, residual, sampling and every learner pass stay in torch (docs/decisions.md)"""
     torch_threads: int = 1
     """torch intra-op threads per role process (2-core machines: 1 avoids oversubscription)"""
     driver_threads: int = 0
@@ -190,6 +196,9 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"runtime.device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.inference_backend not in INFERENCE_BACKENDS:
+            raise ConfigError(f"runtime.inference_backend must be one of {list(INFERENCE_BACKENDS)}, got "
+                              f"{self.inference_backend!r}")
         if self.learner_gpus < 0 or self.server_gpus < 0:
             raise ConfigError("runtime.learner_gpus and runtime.server_gpus must be >= 0 (fractions of a GPU)")
         for name, amount in self.worker_resources.items():

@@ -103,7 +103,7 @@ def rl_in_imagination(cfg, learner, model, start_episodes: Sequence[Episode], me
     version0, updates0 = learner.version, learner.updates
     server = _server(learner.policy.policy_state(), learner.policy, max_batch=cfg.runtime.max_batch,
                      timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7,
-                     ship_features=lc.train_scope == "residual")
+                     ship_features=lc.train_scope == "residual", backend=cfg.runtime.inference_backend)
     gate = make_gate(cfg, cfg.imagination.num_envs, learner.version)
     worker = ImaginationWorker(imagined_env_factory(cfg), server, worker_id=IMAGINATION_WORKER_ID0, gate=gate,
                                **rollout_kwargs(cfg))

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda")
 """values of runtime.device"""
+INFERENCE_BACKENDS = ("auto", "torch", "onnxruntime")
+"""values of runtime.inference_backend (acce.policy.onnx_frozen): auto = ONNX Runtime for vision + trunk where it applies
+(CPU, fp32, onnxruntime installed, frozen weights that stay), else torch"""
 
 
 def resolve_device(name: str) -> "torch.device":

@@ -203,7 +203,8 @@ def make_eval_role(cfg, place):
     from acce.serving.inference import InferenceServer
 
     def build(policy_state: dict[str, Any], version: int, split: str):
-        server = InferenceServer(place(VLAPolicy.from_state(policy_state)), deterministic=True)
+        server = InferenceServer(place(VLAPolicy.from_state(policy_state)), deterministic=True,
+                                 backend=cfg.runtime.inference_backend)
         server._version = version
         episodes = cfg.eval.test_episodes_per_task if split == "test" else cfg.eval.episodes_per_task
         return make_evaluator(cfg, server, cfg.env.tasks, episodes)

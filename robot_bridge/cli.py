@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from acce.device import INFERENCE_BACKENDS
+
 TOKEN_ENV = "ACCE_POLICY_TOKEN"
 """environment variable read when --token is not given (keeps the secret out of the process list)"""
 
@@ -37,6 +39,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch-timeout-ms", dest="batch_timeout_ms", type=float, default=2.0,
                    help="after the first request, wait this long for more to batch (0: never wait)")
     p.add_argument("--torch-threads", dest="torch_threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--inference-backend", dest="inference_backend", choices=INFERENCE_BACKENDS,
+                   default="auto", help="what runs vision + trunk (auto: ONNX Runtime on CPU where installed)")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("robot", help="run a policy on a robot: fixed-rate loop, latency-aware chunks, safety, "
@@ -83,9 +87,10 @@ def cmd_serve(args) -> int:
     config = ServeConfig(host=args.host, port=args.port, token=_token(args), max_request_bytes=args.max_request_bytes,
                          reload_interval_s=args.reload_interval_s, deterministic=not args.stochastic,
                          max_batch=args.max_batch, batch_timeout_ms=args.batch_timeout_ms,
-                         torch_threads=args.torch_threads)
+                         torch_threads=args.torch_threads, inference_backend=args.inference_backend)
     host = PolicyHost(args.checkpoint, deterministic=config.deterministic, max_batch=config.max_batch,
-                      batch_timeout_ms=config.batch_timeout_ms, torch_threads=config.torch_threads)
+                      batch_timeout_ms=config.batch_timeout_ms, torch_threads=config.torch_threads,
+                      inference_backend=config.inference_backend)
     server = PolicyServer(host, config)
     try:
         print(f"acce serve: {host.path}, policy version {host.version}, {host.chunk_len}-step chunks", flush=True)

@@ -59,9 +59,10 @@ class PolicyHost:
     """A served checkpoint: `spec` validates requests, `infer_async`/`infer` answer them, `reload_if_newer` swaps."""
 
     def __init__(self, checkpoint: str | os.PathLike, *, deterministic: bool = True, max_batch: int = 16,
-                 batch_timeout_ms: float = 2.0, seed: int = 0, torch_threads: int = 0):
+                 batch_timeout_ms: float = 2.0, seed: int = 0, torch_threads: int = 0, inference_backend: str = "auto"):
         """torch_threads > 0 sets torch's (process-wide) intra-op thread count. Why: on the 2-core CI machine under
-        load, the debug policy took 80-190 ms per call with torch's default 2 threads and 1-3 ms with 1."""
+        load, the debug policy took 80-190 ms per call with torch's default 2 threads and 1-3 ms with 1.
+        inference_backend: what runs vision + trunk ('auto', 'torch', 'onnxruntime'; ServeConfig.inference_backend)."""
         from acce.checkpoint import load_checkpoint, policy_from_checkpoint
         from acce.serving.inference import InferenceServer
 
@@ -73,7 +74,8 @@ class PolicyHost:
         self._stat = self._file_stat()
         policy = policy_from_checkpoint(data)
         self.inference = InferenceServer(policy, max_batch=max_batch, timeout_ms=batch_timeout_ms, seed=seed,
-                                         deterministic=deterministic, name="serve")
+                                         deterministic=deterministic, name="serve", backend=inference_backend,
+                                         reexport=True)  # a hot reload that changes the trunk exports it again
         self.max_batch = max_batch
         self.set_active_clients(1)
         self._trainable_keys = tuple(policy.trainable_state_dict())

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from acce.device import INFERENCE_BACKENDS
 from robot_bridge.protocol import RequestError, packb, unpackb
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class ServeConfig:
     """how long the batching thread waits for more requests after the first one"""
     torch_threads: int = 1
     """torch intra-op threads of the serving process (see `PolicyHost`: 1 was 30-100x faster on 2 busy cores)"""
+    inference_backend: str = "auto"
+    """what runs vision + trunk: 'torch', 'onnxruntime' or 'auto' (ONNX Runtime on CPU where installed; re-exported
+    when a reload changes the weights), as runtime.inference_backend"""
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.token:
@@ -65,6 +69,9 @@ class ServeConfig:
             raise ValueError("token must not be empty")
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes={self.max_request_bytes} is too small for any observation")
+        if self.inference_backend not in INFERENCE_BACKENDS:
+            raise ValueError(f"inference_backend must be one of {list(INFERENCE_BACKENDS)}, got "
+                             f"{self.inference_backend!r}")
         if self.reload_interval_s < 0 or self.max_batch < 1 or self.batch_timeout_ms < 0:
             raise ValueError("reload_interval_s and batch_timeout_ms must be >= 0 and max_batch >= 1")
 

@@ -156,6 +156,7 @@ class VisionEncoder(nn.Module):
             h, w = x.shape[-2] // patch, x.shape[-1] // patch
             patches = hidden[:, 1:] if self.kind == "vit" else hidden  # ViT has a CLS token first, SigLIP none
             fmap = patches.transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (N, C, h, w)
+        self.last_map_hw = (int(fmap.shape[-2]), int(fmap.shape[-1]))  # what is pooled (ONNX export checks it)
         if fmap.shape[-2:] != (self.grid, self.grid):
             fmap = F.adaptive_avg_pool2d(fmap, self.grid)
         return fmap.flatten(2).transpose(1, 2), points  # (N, G*G, C), (N, K, 2) or None

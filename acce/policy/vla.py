@@ -28,22 +28,9 @@ from acce.policy.critic import PrivilegedCritic
 from acce.policy.inputs import DELAY_KEY, LANG_KEY, PREFIX_KEY, policy_inputs  # noqa: F401 (re-exported)
 from acce.policy.language import LanguageEncoder, make_language_encoder
 from acce.policy.norm import NormStats
+from acce.policy.state_check import state_dict_mismatch
 from acce.policy.vision import VisionEncoder
 from acce.types import AUX_KEY, IMAGE_PREFIX, STATE_KEY, EnvSpec
-
-
-def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
-    """'' when `given` has exactly the keys and shapes of `expected`, else a one-line description."""
-    def few(names: list[str]) -> str:
-        return str(names[:3])[:-1] + (f", … +{len(names) - 3} more]" if len(names) > 3 else "]")
-
-    missing = sorted(set(expected) - set(given))
-    unexpected = sorted(set(given) - set(expected))
-    shapes = [f"{k} {tuple(np.shape(given[k]))} vs {tuple(expected[k].shape)}" for k in expected
-              if k in given and tuple(np.shape(given[k])) != tuple(expected[k].shape)]
-    parts = ([f"missing {few(missing)}"] if missing else []) + ([f"unexpected {few(unexpected)}"] if unexpected
-                                                               else []) + ([f"shape {few(shapes)}"] if shapes else [])
-    return "; ".join(parts)
 
 
 def derived_env_spec(state: Mapping[str, Any], image_size: int | None) -> EnvSpec | None:
@@ -108,6 +95,8 @@ class VLAPolicy(nn.Module):
         self._language: LanguageEncoder | None = None
         self.amp = False
         """bf16 autocast of the encoder and trunk (CUDA only; set by acce.device.place, not saved with the policy)"""
+        self.frozen_backend = None
+        """serving only: a callable inputs -> frozen outputs run instead of vision + trunk (acce.policy.onnx_frozen)"""
 
         width, grid, horizon, m = config.trunk_width, config.image_grid, config.chunk_len, config.max_delay_steps
         self.num_image_tokens = len(self.cameras) * config.image_tokens_per_camera
@@ -125,9 +114,8 @@ class VLAPolicy(nn.Module):
                                                nn.Linear(config.lang_dim, 2 * self.vision.keypoint_channels))
             nn.init.normal_(self.keypoint_film[1].weight, std=1e-3)
             nn.init.zeros_(self.keypoint_film[1].bias)
-        # FiLM of every image token by the instruction (as RT-1 conditions its image encoder): measured without it,
-        # the trunk ignored the single language token entirely (BC validation loss identical with the cube colour
-        # swapped in the instruction), so "touch the red cube" and "touch the blue cube" gave the same action.
+        # FiLM of every image token by the instruction (as RT-1 does): without it the trunk ignored the language
+        # token (docs/decisions.md, "Language conditioning by FiLM")
         self.lang_film = nn.Sequential(nn.LayerNorm(config.lang_dim), nn.Linear(config.lang_dim, 2 * width))
         # near-identity start (small, not zero: a zero matrix would stop every gradient to the LayerNorm)
         nn.init.normal_(self.lang_film[1].weight, std=1e-3)
@@ -223,9 +211,15 @@ class VLAPolicy(nn.Module):
         return {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in feats.items()}
 
     def _features(self, batch: Mapping[str, Any], return_aux: bool) -> dict[str, Any]:
+        x = self._inputs(batch)
+        if self.frozen_backend is not None and not return_aux and not torch.is_grad_enabled():  # serving only
+            return self._with_inputs(x, self.frozen_backend(x))
+        return self._with_inputs(x, self.frozen_outputs(x, return_aux))
+
+    def frozen_outputs(self, x: Mapping[str, torch.Tensor], return_aux: bool = False) -> dict[str, Any]:
+        """Vision + trunk on validated inputs (`_inputs`): the FROZEN_KEYS entries of `features`."""
         if return_aux and not self.aux_dim:
             raise ValueError("this policy has no aux head (aux_dim=0); build it with aux_dim > 0 to predict aux targets")
-        x = self._inputs(batch)
         b, cams, grid = x[STATE_KEY].shape[0], len(self.image_keys), self.config.image_grid
         images = torch.cat([x[k] for k in self.image_keys]) if cams > 1 else x[self.image_keys[0]]  # (C*B, H, W, 3)
         film = None
@@ -263,7 +257,7 @@ class VLAPolicy(nn.Module):
         if return_aux and aux is None:  # aux_from == "trunk"
             aux = self.aux_head((hidden if layers == -1 else trunk_out.hidden_states[
                 layers + 1 if layers >= 0 else layers])[:, query])
-        return self._with_inputs(x, {"h_action": hidden[:, query], "h_value": hidden[:, query + 1], "aux": aux})
+        return {"h_action": hidden[:, query], "h_value": hidden[:, query + 1], "aux": aux}
 
     def _with_inputs(self, x: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
         return {**frozen, "state": (x[STATE_KEY] - self.state_mean) / self.state_std, "lang": x[LANG_KEY],
@@ -336,7 +330,7 @@ class VLAPolicy(nn.Module):
         expected = self.trainable_state_dict()
         if allow_subset:
             expected = {k: v for k, v in expected.items() if k in state}
-        problem = _state_dict_mismatch(expected, state)
+        problem = state_dict_mismatch(expected, state)
         if problem:
             raise ValueError(f"trainable weights do not match this policy ({problem}); were they published by a "
                              "policy with the same config, state_dim, action_dim and cameras?")
@@ -388,7 +382,7 @@ class VLAPolicy(nn.Module):
                          aux_dim=int(state.get("aux_dim", 0)), privileged_dim=int(state.get("privileged_dim", 0)),
                          env_spec=EnvSpec.from_dict(state["env_spec"]) if state.get("env_spec") is not None
                          else derived_env_spec(state, image_size))
-        problem = _state_dict_mismatch(policy.state_dict(), state["state_dict"])
+        problem = state_dict_mismatch(policy.state_dict(), state["state_dict"])
         if problem:
             raise ValueError(f"checkpoint weights do not match the policy its config describes ({problem})")
         policy.load_state_dict({k: torch.as_tensor(v) for k, v in state["state_dict"].items()})

@@ -32,7 +32,8 @@ class LocalRuntime:
                               learner.policy.amp)
         self.server = InferenceServer(server_policy, max_batch=cfg.runtime.max_batch,
                                       timeout_ms=cfg.runtime.timeout_ms, seed=cfg.run.seed + 7,
-                                      ship_features=cfg.learner.train_scope == "residual")
+                                      ship_features=cfg.learner.train_scope == "residual",
+                                      backend=cfg.runtime.inference_backend)
         self.weights = WeightStore()
         self.imagination = LocalImagination(cfg, self.server, make_imagined_env, make_wm_trainer, make_latency,
                                             start_version=learner.version) if cfg.imagination.enabled else None

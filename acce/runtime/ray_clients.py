@@ -30,15 +30,15 @@ def set_torch_threads(n: int, load: bool = True) -> None:
 @ray.remote
 class ServerActor:
     def __init__(self, policy_state: dict, max_batch: int, timeout_ms: float, seed: int, threads: int,
-                 device: str = "cpu", amp: bool = False, ship_features: bool = False):
+                 device: str = "cpu", amp: bool = False, ship_features: bool = False, backend: str = "torch"):
         """device: 'cpu' or 'cuda' (acce.device.role_device), resolved here, where the actor runs; ship_features:
-        InferenceServer's (learner.train_scope=residual)."""
+        InferenceServer's (learner.train_scope=residual); backend: runtime.inference_backend."""
         from acce.device import place, resolve_device
         from acce.policy.vla import VLAPolicy
         set_torch_threads(threads)
         policy = place(VLAPolicy.from_state(policy_state), resolve_device(device), amp)
         self.server = InferenceServer(policy, max_batch=max_batch, timeout_ms=timeout_ms, seed=seed,
-                                      ship_features=ship_features)
+                                      ship_features=ship_features, backend=backend)
         self.server.start()
 
     def infer(self, batch: dict) -> dict:

@@ -49,7 +49,7 @@ class RayRuntime:
         self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"],
                                           max_concurrency=max(64, 2 * total_envs)).remote(
             learner.policy.policy_state(), rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device,
-            rt.amp, cfg.learner.train_scope == "residual")
+            rt.amp, cfg.learner.train_scope == "residual", rt.inference_backend)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls, gate_args = gate_spec(cfg, total_envs, learner.version)
         self.gate = ray.remote(gate_cls).options(num_cpus=0, name=self.names["gate"]).remote(*gate_args)

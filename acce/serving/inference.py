@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -50,6 +51,8 @@ class ServerStats(ByKey):
     """milliseconds in weight swaps, summed"""
     swap_ms_last: float = 0.0
     """milliseconds of the last weight swap"""
+    onnx_attaches: int = 0
+    """times ONNX Runtime took over the policy's vision + trunk (backend auto/onnxruntime): once per frozen weights"""
 
 
 class InferenceServer:
@@ -57,12 +60,36 @@ class InferenceServer:
     The policy runs where its owner placed it (acce.device.place: device and mixed precision)."""
 
     def __init__(self, policy, *, max_batch: int = 64, timeout_ms: float = 2.0, seed: int = 0,
-                 deterministic: bool = False, name: str = "server", ship_features: bool = False):
+                 deterministic: bool = False, name: str = "server", ship_features: bool = False,
+                 backend: str = "torch", reexport: bool = False):
         """ship_features: every result also carries the rows' frozen features ('frozen/KEY') and the policy's
-        'frozen_stamp' (acce.policy.frozen; learner.train_scope=residual, whose learner then skips vision + trunk)."""
+        'frozen_stamp' (acce.policy.frozen; learner.train_scope=residual, whose learner then skips vision + trunk).
+        backend: what runs vision + trunk (runtime.inference_backend; acce.policy.onnx_frozen): 'torch'; 'onnxruntime'
+        (exported at the first batch; after a swap that changes a frozen tensor torch serves while a background
+        thread exports the new weights); 'auto' = ONNX Runtime where it applies and exports (else torch, with one
+        warning), until the first swap that changes a frozen tensor (full-network training would export every
+        version), then torch, unless `reexport` (a served checkpoint's reload: as 'onnxruntime' does)."""
         import torch
 
+        from acce.device import INFERENCE_BACKENDS
+        from acce.policy.onnx_frozen import applies_to
+
+        if backend not in INFERENCE_BACKENDS:
+            raise ValueError(f"inference backend must be one of {list(INFERENCE_BACKENDS)}, got {backend!r}")
         self.policy = policy.eval()
+        why_not = None if backend == "torch" else applies_to(self.policy)
+        if backend == "onnxruntime" and why_not:
+            raise ValueError(f"runtime.inference_backend=onnxruntime cannot serve this policy: {why_not}; use auto "
+                             "or torch")
+        self.backend = backend
+        self.reexport = backend == "onnxruntime" or bool(reexport)
+        self._onnx = backend != "torch" and why_not is None
+        """whether the next batch without a frozen backend attaches one"""
+        self.policy.frozen_backend = None
+        self._example: dict[str, Any] | None = None
+        """validated inputs of the batch the last export used: the example a re-export traces with"""
+        self._reexport: Future | None = None
+        """a background export of the current frozen weights (backend onnxruntime, after a swap that changed them)"""
         self.max_batch, self.timeout_s = int(max_batch), float(timeout_ms) / 1000.0
         self.deterministic = deterministic
         self.name = name
@@ -115,11 +142,18 @@ class InferenceServer:
         version, state = self._staged
         t0 = time.perf_counter()
         state = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
-        if self.ship_features and self._stamp is not None:
+        changed = False
+        if (self.ship_features and self._stamp is not None) or self._example is not None:
             current = self.policy.state_dict()
-            if any(is_frozen(k) and not torch.equal(v, current[k].cpu()) for k, v in state.items() if k in current):
+            changed = any(is_frozen(k) and not torch.equal(v, current[k].cpu()) for k, v in state.items()
+                          if k in current)
+            if changed:
                 self._stamp = None  # (published buffers are usually unchanged: no rehash for them)
+                self.policy.frozen_backend = None
+                self._onnx = self._onnx and self.reexport  # in training, an export per version costs more
         self.policy.load_trainable(state, allow_subset=True)
+        if changed and self._onnx and self._example is not None and self._reexport is None:
+            self._reexport = self._export_in_background()  # one at a time: a stale result is redone when taken
         self._version, self._staged = version, None
         ms = (time.perf_counter() - t0) * 1000.0
         self._counts["swaps"] += 1
@@ -133,9 +167,12 @@ class InferenceServer:
 
         with self._lock:
             self._apply_staged()
+            batch = self.policy.with_lang(batch)
+            if self._onnx and self.policy.frozen_backend is None:
+                self._attach_onnx(batch)  # (an export traces, which inference mode forbids)
             t0 = time.perf_counter()
             with torch.inference_mode():
-                out = self.policy.act(self.policy.with_lang(batch), deterministic=self.deterministic,
+                out = self.policy.act(batch, deterministic=self.deterministic,
                                       generator=self.generator, return_features=self.ship_features)
                 extra = {}
                 if self.ship_features:
@@ -149,6 +186,50 @@ class InferenceServer:
             return {"chunk": out["chunk"].cpu().numpy(), "mean": out["mean"].cpu().numpy(),
                     "value": out["value"].cpu().numpy(), "logp_pos": out["logp_steps"].cpu().numpy(),
                     "version": self._version, **extra}
+
+    @property
+    def backend_in_use(self) -> str:
+        """'onnxruntime' while ONNX Runtime runs vision + trunk, else 'torch'."""
+        return "torch" if self.policy.frozen_backend is None else "onnxruntime"
+
+    def _attach_onnx(self, batch: Mapping[str, Any]) -> None:
+        """The first batch exports in place; after a swap, the background export's result is taken once ready."""
+        from acce.policy.onnx_frozen import OnnxFrozen
+
+        try:
+            if self._reexport is not None:
+                if not self._reexport.done():
+                    return  # torch serves meanwhile
+                made, self._reexport = self._reexport.result(), None
+                if made.stamp != frozen_stamp(self.policy):  # the weights changed again while it exported
+                    self._reexport = self._export_in_background()
+                    return
+            else:
+                x = self.policy._inputs(batch)  # a bad batch fails here with its own message, not as an export's
+                made, self._example = OnnxFrozen.for_policy(self.policy, x), x
+            self.policy.frozen_backend = made
+        except Exception as e:  # noqa: BLE001 - auto falls back to torch, saying why once
+            if self.backend == "onnxruntime":
+                raise
+            self._onnx = False
+            warnings.warn(f"{self.name}: ONNX Runtime could not take over vision + trunk ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); serving with torch")
+            return
+        self._counts["onnx_attaches"] += 1
+
+    def _export_in_background(self) -> Future:
+        """Export a copy of the policy as it is now (the live one keeps serving with torch)."""
+        from acce.policy.onnx_frozen import OnnxFrozen
+
+        copy, example, fut = type(self.policy).from_state(self.policy.policy_state()).eval(), self._example, Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(OnnxFrozen.for_policy(copy, example))
+            except Exception as e:  # noqa: BLE001 - delivered to the batch that takes it
+                fut.set_exception(e)
+        threading.Thread(target=run, name=f"{self.name}-onnx-export", daemon=True).start()
+        return fut
 
     def submit(self, batch: Mapping[str, Any]) -> Future:
         """Queue a request for dynamic batching; the future resolves to the same dict as `infer`."""

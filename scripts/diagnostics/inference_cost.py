@@ -5,7 +5,8 @@
 Builds the preset's policy, takes one batch of real observations from its rollout env (env.num_envs rows: MuJoCo,
 rendering, instructions) and times, with one torch thread (what the Ray runtime gives the inference server), the
 policy's features (vision + trunk), its heads, a whole `act`, `InferenceServer.infer` (as the runtime builds it, frozen
-features shipped under learner.train_scope=residual), and `act` under bf16 autocast. Reports the median of --repeats
+features shipped under learner.train_scope=residual; with runtime.inference_backend torch and onnxruntime), and `act`
+under bf16 autocast. Reports the median of --repeats
 timings in ms and the forward pass per decision, which with rollout.execution_horizon bounds how many env steps per
 second one core of inference can feed.
 """
@@ -51,7 +52,8 @@ def main() -> None:
     finally:
         env.close()
     rows = len(batch["instruction"])
-    server = InferenceServer(policy, ship_features=cfg.learner.train_scope == "residual")
+    ship = cfg.learner.train_scope == "residual"
+    server = InferenceServer(policy, ship_features=ship)
     lang = policy.with_lang(batch)
     with torch.inference_mode():
         feats = policy.features(lang)
@@ -61,10 +63,18 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             parts["act_bf16_autocast_ms"] = median_ms(lambda: policy.act(lang), args.repeats)
     parts["server_infer_ms"] = median_ms(lambda: server.infer(batch), args.repeats)
+    from acce.policy.onnx_frozen import applies_to
+    if applies_to(policy) is None:  # the same server with vision + trunk in ONNX Runtime (its first call exports)
+        from acce.policy.vla import VLAPolicy
+        onnx = InferenceServer(VLAPolicy.from_state(policy.policy_state()), ship_features=ship, backend="onnxruntime")
+        parts["server_infer_onnxruntime_ms"] = median_ms(lambda: onnx.infer(batch), args.repeats)
     horizon = cfg.rollout.execution_horizon
     result = {"config": args.config, "overrides": args.overrides, "rows": rows, "torch_threads": 1, **parts,
               "act_ms_per_decision": parts["act_ms"] / rows,
               "env_steps_per_s_one_core_of_inference": 1000.0 * rows * horizon / parts["server_infer_ms"],
+              **({"env_steps_per_s_one_core_of_inference_onnxruntime":
+                  1000.0 * rows * horizon / parts["server_infer_onnxruntime_ms"]}
+                 if "server_infer_onnxruntime_ms" in parts else {}),
               "execution_horizon": horizon, **machine_info()}
     print(json.dumps(result, indent=2))
     if args.out:
