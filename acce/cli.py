@@ -15,6 +15,7 @@ from pathlib import Path
 
 from acce.configlib import ConfigError
 from acce.data_kind import data_kind
+from acce.device import INFERENCE_BACKENDS
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -294,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-overrides", dest="task_overrides", action="append", default=None,
                    help="[rl] TASK:KEY=VALUE[,KEY=VALUE...] for one task's warm start and runs, e.g. "
                    "push:bc.episodes=400,bc.steps=1200 (repeat for several tasks)")
+    p.add_argument("--inference-backend", dest="inference_backend", default="auto",
+                   choices=INFERENCE_BACKENDS, help="[serve] what runs vision + trunk in the bare path and in acce serve (runtime.inference_backend)")
     p.add_argument("--long-tail", dest="long_tail", action="store_true",
                    help="[rl] also run every seed and mode with bench throughput's long-tail step latency (the "
                    "headline's async_sync_wall_ratio_long_tail)")

@@ -127,12 +127,13 @@ def _loopback(url: str, meta: dict[str, Any], clients: int, duration_s: float) -
     return {**_ms(flat), "requests_per_s": len(flat) / duration_s}
 
 
-def _start_server(checkpoint: Path) -> tuple[subprocess.Popen, str]:
+def _start_server(checkpoint: Path, backend: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "robot_bridge.cli", "serve", "--checkpoint", str(checkpoint),
-                             "--port", str(port), "--reload-interval-s", "0"], stdout=subprocess.DEVNULL)
+                             "--port", str(port), "--reload-interval-s", "0", "--inference-backend", backend],
+                            stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -186,7 +187,7 @@ def _in_sim(checkpoint: Path, task: str, episodes: int, latency_file: Path) -> d
 
 def run_serve_bench(args) -> dict:
     """The `acce bench serve` result (see the module docstring); `args` needs config, overrides, episodes,
-    duration_s and optionally checkpoint."""
+    duration_s and optionally checkpoint and inference_backend (what runs vision + trunk: auto, torch, onnxruntime)."""
     import torch
 
     from robot_bridge.host import PolicyHost
@@ -199,11 +200,12 @@ def run_serve_bench(args) -> dict:
     episodes = max(1, min(int(getattr(args, "episodes", 10) or 10), MAX_REHEARSAL_EPISODES))
     torch.set_num_threads(1)  # like the server: measured 30-100x faster than 2 threads on the 2 busy CI cores
 
-    host = PolicyHost(checkpoint, torch_threads=1)
+    backend = getattr(args, "inference_backend", None) or "auto"
+    host = PolicyHost(checkpoint, torch_threads=1, inference_backend=backend)
     meta = host.metadata()
     bare = _bare(host, meta)
     host.close()
-    proc, url = _start_server(checkpoint)
+    proc, url = _start_server(checkpoint, backend)
     try:
         loopback = {str(c): _loopback(url, meta, c, duration_s) for c in CLIENT_COUNTS}
         rehearsal = {}
@@ -226,6 +228,7 @@ def run_serve_bench(args) -> dict:
     ratios = [r["bridge_over_sim"] for r in rehearsal.values()]
     return {"checkpoint": str(checkpoint), "trained_checkpoint": trained, "policy_version": meta["policy_version"],
             "chunk_len": meta["chunk_len"], "image_size": meta["image_size"], "duration_s": duration_s,
+            "inference_backend": backend,
             "episodes_per_task": episodes, "bare_ms": bare, "loopback_ms": loopback, "rehearsal": rehearsal,
             "targets": {"p99_16_clients_over_bare_p50_batch16": p99_16 / bare16,
                         "latency_ok": p99_16 <= 2.0 * bare16,
