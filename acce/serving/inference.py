@@ -151,6 +151,7 @@ class InferenceServer:
                 self._stamp = None  # (published buffers are usually unchanged: no rehash for them)
                 self.policy.frozen_backend = None
                 self._onnx = self._onnx and self.reexport  # in training, an export per version costs more
+                self._example = self._example if self._onnx else None  # (and no more checks for it)
         self.policy.load_trainable(state, allow_subset=True)
         if changed and self._onnx and self._example is not None and self._reexport is None:
             self._reexport = self._export_in_background()  # one at a time: a stale result is redone when taken
