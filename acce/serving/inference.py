@@ -209,6 +209,8 @@ class InferenceServer:
                 x = self.policy._inputs(batch)  # a bad batch fails here with its own message, not as an export's
                 made, self._example = OnnxFrozen.for_policy(self.policy, x), x
             self.policy.frozen_backend = made
+            if self.ship_features and self._stamp is None:
+                self._stamp = made.stamp  # hashed once: the export's stamp is frozen_stamp of these weights
         except Exception as e:  # noqa: BLE001 - auto falls back to torch, saying why once
             if self.backend == "onnxruntime":
                 raise

@@ -100,12 +100,19 @@ def frozen_swap(server, version):
     server.load_weights(version, {k: (v + 0.1 if k.startswith("trunk.") else v).numpy() for k, v in state.items()})
 
 
-def test_auto_falls_back_to_torch_when_a_swap_changes_the_frozen_part():
+def swapped_after_export(backend):
+    """A server on `backend` that exported at its first batch, and a torch server, both given version 1 with another
+    trunk."""
     torch_server = InferenceServer(make_policy(RESIDUAL), deterministic=True)
-    server = InferenceServer(make_policy(RESIDUAL), deterministic=True, backend="auto")
+    server = InferenceServer(make_policy(RESIDUAL), deterministic=True, backend=backend)
     server.infer(obs(2))
     for s in (server, torch_server):
         frozen_swap(s, 1)
+    return server, torch_server
+
+
+def test_auto_falls_back_to_torch_when_a_swap_changes_the_frozen_part():
+    server, torch_server = swapped_after_export("auto")
     got, want = server.infer(obs(4)), torch_server.infer(obs(4))
     assert server.backend_in_use == "torch"  # full-network training would export every version
     np.testing.assert_array_equal(got["mean"], want["mean"])
@@ -115,11 +122,7 @@ def test_auto_falls_back_to_torch_when_a_swap_changes_the_frozen_part():
 
 
 def test_onnxruntime_reexports_in_the_background_after_a_frozen_swap():
-    torch_server = InferenceServer(make_policy(RESIDUAL), deterministic=True)
-    server = InferenceServer(make_policy(RESIDUAL), deterministic=True, backend="onnxruntime")
-    server.infer(obs(2))
-    for s in (server, torch_server):
-        frozen_swap(s, 1)
+    server, torch_server = swapped_after_export("onnxruntime")
     want = torch_server.infer(obs(4))["mean"]
     np.testing.assert_allclose(server.infer(obs(4))["mean"], want, atol=1e-5)  # torch meanwhile, or the new export
     deadline = time.monotonic() + 60
