@@ -12,7 +12,7 @@ from typing import Union
 from acce.bc_config import BCConfig
 from acce.configlib import ConfigError, load_config
 from acce.data_config import DatasetConfig
-from acce.device import DEVICES, INFERENCE_BACKENDS
+from acce.device import DEVICES, INFERENCE_BACKENDS, INFERENCE_PLACEMENTS
 from acce.learner_config import LearnerConfig
 from acce.policy.config import PolicyConfig
 from acce.rollout_config import DelayConfig, RolloutConfig
@@ -173,6 +173,11 @@ class RuntimeConfig:
     weights change; fails at start-up where it cannot apply); 'auto' = ONNX Runtime where it applies (CPU, fp32,
     onnxruntime installed), until the first weight swap that changes the frozen part (learner.train_scope other than
     residual), then torch. Heads, residual, sampling and every learner pass stay in torch (docs/decisions.md)"""
+    inference_placement: str = "auto"
+    """where rollout inference runs on Ray: 'server' (one InferenceServer actor merges every worker's requests into
+    batches: the GPU layout), 'worker' (each rollout worker runs its own in-process server on CPU, with the weights
+    the learner pushes to it: no round trip per decision) or 'auto' = worker when runtime.device resolves to CPU,
+    else server (docs/decisions.md). The local runtime always has one in-process server"""
     torch_threads: int = 1
     """torch intra-op threads per role process (2-core machines: 1 avoids oversubscription)"""
     driver_threads: int = 0
@@ -199,6 +204,9 @@ class RuntimeConfig:
         if self.inference_backend not in INFERENCE_BACKENDS:
             raise ConfigError(f"runtime.inference_backend must be one of {list(INFERENCE_BACKENDS)}, got "
                               f"{self.inference_backend!r}")
+        if self.inference_placement not in INFERENCE_PLACEMENTS:
+            raise ConfigError(f"runtime.inference_placement must be one of {list(INFERENCE_PLACEMENTS)}, got "
+                              f"{self.inference_placement!r}")
         if self.learner_gpus < 0 or self.server_gpus < 0:
             raise ConfigError("runtime.learner_gpus and runtime.server_gpus must be >= 0 (fractions of a GPU)")
         for name, amount in self.worker_resources.items():

@@ -16,6 +16,15 @@ DEVICES = ("auto", "cpu", "cuda")
 INFERENCE_BACKENDS = ("auto", "torch", "onnxruntime")
 """values of runtime.inference_backend (acce.policy.onnx_frozen): auto = ONNX Runtime for vision + trunk where it applies
 (CPU, fp32, onnxruntime installed, frozen weights that stay), else torch"""
+INFERENCE_PLACEMENTS = ("auto", "server", "worker")
+"""values of runtime.inference_placement: one shared InferenceServer actor, an in-process server per rollout worker,
+or auto = worker where the policy runs on CPU, server on CUDA"""
+
+
+def own_servers(placement: str, device: str) -> bool:
+    """Whether Ray rollout workers serve their envs themselves (runtime.inference_placement; device: the resolved
+    'cpu' or 'cuda' of the learner and server actors)."""
+    return placement == "worker" or (placement == "auto" and device == "cpu")
 
 
 def resolve_device(name: str) -> "torch.device":

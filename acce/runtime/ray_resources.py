@@ -9,7 +9,7 @@ import numpy as np
 import ray
 
 from acce.configlib import ConfigError
-from acce.device import role_device
+from acce.device import own_servers, role_device
 
 
 def ensure_ray(rt, needed_cpus: float) -> None:
@@ -32,13 +32,16 @@ def start_cluster(cfg, imagination_cpus: float) -> tuple[str, float, float]:
     learner and server actors, their GPU reservations: 0 unless the device is cuda)."""
     rt = cfg.runtime
     device = role_device(rt)  # before Ray starts: runtime.device=cuda without CUDA fails here, in one line
-    needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + rt.server_cpus + imagination_cpus
+    # workers that serve themselves need no server actor, unless imagination workers need one
+    no_server = own_servers(rt.inference_placement, device) and not cfg.imagination.enabled
+    server_cpus = 0.0 if no_server else rt.server_cpus
+    needed = cfg.rollout.num_workers * rt.worker_cpus + rt.learner_cpus + server_cpus + imagination_cpus
     ensure_ray(rt, needed)
     have = ray.cluster_resources().get("CPU", 0.0)
     if have < needed:
         raise ValueError(f"the Ray cluster has {have:g} CPUs but the roles request {needed:g} "
                          f"({cfg.rollout.num_workers} workers x runtime.worker_cpus={rt.worker_cpus:g} + "
-                         f"learner {rt.learner_cpus:g} + server {rt.server_cpus:g} + imagination "
+                         f"learner {rt.learner_cpus:g} + server {server_cpus:g} + imagination "
                          f"{imagination_cpus:g}); lower them or add machines")
     for name, per_worker in rt.worker_resources.items():  # workers that cannot be placed would wait forever
         want, have_r = cfg.rollout.num_workers * per_worker, ray.cluster_resources().get(name, 0.0)
@@ -47,7 +50,8 @@ def start_cluster(cfg, imagination_cpus: float) -> tuple[str, float, float]:
                               f"needs {want:g} but the Ray cluster has {have_r:g}; start the rollout nodes with "
                               f"`ray start --address=HEAD:PORT --resources='{{\"{name}\": {want:g}}}'` and join "
                               "that cluster with runtime.address (launch/README.md), or lower it")
-    learner_gpus, server_gpus = (rt.learner_gpus, rt.server_gpus) if device == "cuda" else (0.0, 0.0)
+    learner_gpus, server_gpus = (rt.learner_gpus, 0.0 if no_server else rt.server_gpus) if device == "cuda" \
+        else (0.0, 0.0)
     have_gpus = ray.cluster_resources().get("GPU", 0.0)
     if learner_gpus + server_gpus > have_gpus:  # an actor that cannot be placed would wait forever
         raise ConfigError(f"runtime.device=cuda reserves runtime.learner_gpus={learner_gpus:g} + "

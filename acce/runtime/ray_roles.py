@@ -19,6 +19,10 @@ from acce.runtime.queue import put_all_until_stopped, put_until_stopped
 from acce.runtime.ray_clients import RemoteGate, RemotePolicy, named, set_torch_threads, take_batch
 from acce.runtime.roles import LearnerConsumer, RolloutProducer, rollout_kwargs
 
+IDLE_PULL_S = 0.05
+"""a worker with its own server whose every env waits on the gate asks the weight store for a newer version at most
+this often (the learner's push covers the rest)"""
+
 
 class RoleHost:
     """The body of every role actor: build the role where it runs, tick it until stop, drain it, snapshot it."""
@@ -115,27 +119,65 @@ def ensure_running(ref, what: str, timeout_s: float) -> None:
 
 # --- builders (picklable; called inside the actor) ---------------------------------------------------------------
 class BuildSimProducer:
-    """A rollout worker over the run's training envs, pipelined, paced by the named gate, into the named queue."""
+    """A rollout worker over the run's training envs, paced by the named gate, into the named queue. Its inference:
+    pipelined requests to the named server actor, or (own_server: runtime.inference_placement=worker) an
+    in-process InferenceServer of its own, which the learner pushes every version to (`RolloutProducer.load_weights`)
+    and which takes the named weight store's newest at start-up (a restart) and whenever the gate holds every env."""
 
-    def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str], task_by_id: dict):
+    def __init__(self, worker_id: int, cfg, make_env, make_latency, names: dict[str, str], task_by_id: dict,
+                 own_server: bool = False):
         self.worker_id, self.cfg, self.make_env, self.make_latency = worker_id, cfg, make_env, make_latency
-        self.names, self.task_by_id = names, task_by_id
+        self.names, self.task_by_id, self.own_server = names, task_by_id, bool(own_server)
 
     def __call__(self, stopped: Callable[[], bool]) -> RolloutProducer:
         from acce.runtime.worker import RolloutWorker
         cfg, t = self.cfg, self.cfg.runtime.timeout_s
         queue = named(self.names["queue"], queue_maxsize=cfg.runtime.queue_capacity)
         env = self.make_env(self.worker_id)
-        worker = RolloutWorker(env, RemotePolicy(named(self.names["server"]), t), worker_id=self.worker_id,
-                               gate=RemoteGate(named(self.names["gate"]), t), pipelined=True, **rollout_kwargs(cfg),
+        own = self._own_server() if self.own_server else None
+        policy = own if own is not None else RemotePolicy(named(self.names["server"]), t)
+        worker = RolloutWorker(env, policy, worker_id=self.worker_id, gate=RemoteGate(named(self.names["gate"]), t),
+                               pipelined=own is None, **rollout_kwargs(cfg),
                                latency=self.make_latency(self.worker_id) if self.make_latency else None)
         sampler = getattr(env, "task_sampler", None)
 
         def on_episode(ep: dict) -> None:  # this process's own curriculum (the driver keeps the logged one)
             if sampler is not None and hasattr(sampler, "update") and ep["task_id"] in self.task_by_id:
                 sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
+        refresh = None
+        if own is not None:
+            pull, last = self._pull_newest(own), [0.0]
+
+            def refresh() -> None:  # a push lost to a restart: ask the store when the gate holds every env
+                if worker.idle and time.monotonic() - last[0] >= IDLE_PULL_S:
+                    last[0] = time.monotonic()
+                    pull()
         return RolloutProducer(worker, lambda seg: put_until_stopped(queue, seg, stopped, t), on_episode=on_episode,
-                               put_many=lambda segs: put_all_until_stopped(queue, segs, stopped, t))
+                               put_many=lambda segs: put_all_until_stopped(queue, segs, stopped, t), refresh=refresh,
+                               own_server=own)
+
+    def _own_server(self):
+        """The worker's in-process server (CPU, the shared server's settings), built from the store's base policy (a
+        constructor argument that large would live in the object store, which a restart cannot count on: ray#53727),
+        on the newest published weights."""
+        from acce.policy.vla import VLAPolicy
+        from acce.serving.inference import InferenceServer
+        rt = self.cfg.runtime
+        base = ray.get(named(self.names["weights"]).base.remote(), timeout=rt.timeout_s)
+        server = InferenceServer(VLAPolicy.from_state(base), max_batch=rt.max_batch,
+                                 timeout_ms=rt.timeout_ms, seed=self.cfg.run.seed + 7 + 1000 * (self.worker_id + 1),
+                                 ship_features=self.cfg.learner.train_scope == "residual",
+                                 backend=rt.inference_backend)
+        self._pull_newest(server)()  # a restarted worker resumes at the run's version, not at its start's
+        return server
+
+    def _pull_newest(self, server) -> Callable[[], None]:
+        store, t = named(self.names["weights"]), self.cfg.runtime.timeout_s
+
+        def pull() -> None:
+            if ray.get(store.latest_version.remote(), timeout=t) > server.version:
+                server.load_weights(*ray.get(store.get.remote(), timeout=t))
+        return pull
 
 
 class BuildLearner:
@@ -143,11 +185,13 @@ class BuildLearner:
     and every server in one ray.put, reporting to the named gates."""
 
     def __init__(self, learner_state: dict, cfg, queue, servers: list, weight_store, gate_names: tuple[str, ...],
-                 mixed=None, device: str = "cpu"):
+                 mixed=None, device: str = "cpu", push_to: list | tuple = ()):
         """gate_names: every stream's gate actor (sim; with imagination also the imagined one), each told what every
         update reached; device: 'cpu' or 'cuda' (acce.device.role_device), resolved where the actor runs; mixed:
-        imagination on, ray_imagination.MixedBatches draws each batch from the sim and imagined queues"""
+        imagination on, ray_imagination.MixedBatches draws each batch from the sim and imagined queues; push_to: role
+        actors with their own server (inference_placement=worker), sent every version beside the servers"""
         self.learner_state, self.cfg, self.queue, self.servers = learner_state, cfg, queue, servers
+        self.push_to = tuple(push_to)
         self.weight_store, self.gate_names, self.mixed, self.device = weight_store, tuple(gate_names), mixed, device
 
     def __call__(self, stopped: Callable[[], bool]) -> LearnerConsumer:
@@ -160,12 +204,15 @@ class BuildLearner:
                        cfg.runtime.amp)
         learner = make_learner(policy, cfg.learner, seed=cfg.run.seed)
         learner.load_state_dict(self.learner_state)
-        queue, servers, store = self.queue, self.servers, self.weight_store
+        queue, servers, store, push_to = self.queue, self.servers, self.weight_store, self.push_to
 
         def publish(version: int, state: Any) -> None:
             ref = ray.put(state)  # one copy in the object store, zero-copy reads for every server
+            pushed = [h.call.remote("load_weights", version, ref) for h in push_to]
             ray.get([store.publish.remote(version, ref)] + [s.load_weights.remote(version, ref) for s in servers],
                     timeout=t)
+            if pushed:  # staged before the gate hears of the update; a worker that died takes the store's when back
+                ray.wait(pushed, num_returns=len(pushed), timeout=t)
 
         def get_sim(n: int) -> list | None:
             return take_batch(queue, n, stopped, t)

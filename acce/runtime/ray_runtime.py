@@ -2,7 +2,8 @@
 `runtime.address`); acce/runtime/ray_roles.py has the actor, the builders and the restart logic.
 
   rollout producers (restartable) --segments--> ray.util.queue.Queue (bounded: put blocks) --> learner consumer
-  rollout producers --infer--> InferenceServer actor (threaded: concurrent requests merge into one batch)
+  rollout producers --infer--> InferenceServer actor (threaded: concurrent requests merge into one batch), or with
+  runtime.inference_placement=worker each producer's own in-process server (the learner pushes it every version)
   learner --publish (one ray.put, zero-copy)--> WeightStore actor + every InferenceServer (staged, swapped between
   batches); --consumed--> the gate actor (StalenessGate: async; SyncGate: sync, the same loops) and, with
   imagination, the imagined stream's gate actor
@@ -18,12 +19,13 @@ from typing import Any
 import ray
 from ray.util.queue import Queue
 
+from acce.device import own_servers
 from acce.runtime.ray_clients import ServerActor
 from acce.runtime.ray_resources import ensure_ray, start_cluster  # noqa: F401 (ensure_ray: re-exported)
 from acce.runtime.ray_roles import (BuildLearner, BuildSimProducer, LearnerActor, WorkerActor, ensure_running,
                                     resubmit_dead)
 from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, Tally, gate_spec, idle_frac,
-                                rebase)
+                                rebase, sum_server_stats)
 from acce.runtime.weights import WeightStore
 from acce.serving.inference import ServerStats
 
@@ -42,14 +44,18 @@ class RayRuntime:
         device, learner_gpus, server_gpus = start_cluster(cfg, RayImagination.cpus(cfg))
         self.cfg, self.on_episode, self.timeout_s = cfg, on_episode, rt.timeout_s
         total_envs = cfg.rollout.num_workers * cfg.env.num_envs
-        self.weight_store = ray.remote(WeightStore).options(num_cpus=0).remote()
         run_id = f"acce-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate")}
-        # one thread per in-flight request: every env of every pipelined worker may have one
-        self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"],
-                                          max_concurrency=max(64, 2 * total_envs)).remote(
-            learner.policy.policy_state(), rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads, device,
-            rt.amp, cfg.learner.train_scope == "residual", rt.inference_backend)
+        self.names = {k: f"{run_id}/{k}" for k in ("server", "queue", "gate", "weights")}
+        self.weight_store = ray.remote(WeightStore).options(num_cpus=0, name=self.names["weights"]).remote()
+        self.own_servers = own_servers(rt.inference_placement, device)
+        """every rollout worker runs its own in-process server; the shared one exists only for imagination"""
+        self.server = None
+        if not self.own_servers or cfg.imagination.enabled:
+            # one thread per in-flight request: every env of every pipelined worker may have one
+            self.server = ServerActor.options(num_cpus=rt.server_cpus, num_gpus=server_gpus, name=self.names["server"],
+                                              max_concurrency=max(64, 2 * total_envs)).remote(
+                learner.policy.policy_state(), rt.max_batch, rt.timeout_ms, cfg.run.seed + 7, rt.torch_threads,
+                device, rt.amp, cfg.learner.train_scope == "residual", rt.inference_backend)
         self.queue = Queue(maxsize=rt.queue_capacity, actor_options={"num_cpus": 0, "name": self.names["queue"]})
         gate_cls, gate_args = gate_spec(cfg, total_envs, learner.version)
         self.gate = ray.remote(gate_cls).options(num_cpus=0, name=self.names["gate"]).remote(*gate_args)
@@ -60,14 +66,17 @@ class RayRuntime:
         mixed = self.imagination.batches(self.gate) if self.imagination is not None else None
         # the learner tells every stream's gate what each update reached (learner.kl_stop may end one early)
         gate_names = (self.names["gate"],) + ((self.imagination.gate_name,) if self.imagination is not None else ())
-        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=learner_gpus,
-                                            max_concurrency=2).remote(
-            BuildLearner(learner.state_dict(), cfg, self.queue, [self.server], self.weight_store, gate_names,
-                         mixed, device), rt.torch_threads)
+        if self.own_servers:  # what the workers build their servers from (by name: they are restartable)
+            ray.get(self.weight_store.set_base.remote(learner.policy.policy_state()), timeout=rt.timeout_s)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, resources=dict(rt.worker_resources),
                                             max_concurrency=2).remote(
-            BuildSimProducer(w, cfg, make_env, make_latency, self.names, TASK_BY_ID))
+            BuildSimProducer(w, cfg, make_env, make_latency, self.names, TASK_BY_ID, self.own_servers))
             for w in range(cfg.rollout.num_workers)]
+        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=learner_gpus,
+                                            max_concurrency=2).remote(
+            BuildLearner(learner.state_dict(), cfg, self.queue, [self.server] if self.server is not None else [],
+                         self.weight_store, gate_names, mixed, device,
+                         push_to=self.workers if self.own_servers else ()), rt.torch_threads)
         self.version = self.server_version = learner.version
         self._learner_stats = LearnerStats(version=learner.version)
         self._server_stats = ServerStats()
@@ -82,8 +91,8 @@ class RayRuntime:
     def start(self) -> None:
         # Actor start-up (imports, MuJoCo, the language model) is not a hang: wait for it with its own allowance
         # before every later call is held to runtime.timeout_s.
-        ready = [h.incarnation.remote() for h in self.workers] + [self.server.version.remote(),
-                                                                   self.learner.pid.remote()]
+        ready = [h.incarnation.remote() for h in self.workers] + [self.learner.pid.remote()]
+        ready += [self.server.version.remote()] if self.server is not None else []
         ready += self.imagination.ready_refs() if self.imagination is not None else []
         ready = ray.get(ready, timeout=self.cfg.runtime.startup_timeout_s)[:len(self.workers)]
         # the baseline a later restart is seen against; one that died while starting came back before ready
@@ -122,8 +131,14 @@ class RayRuntime:
                     self.on_episode(ep)
                 episodes.append(ep)
         episodes += self.imagination.poll() if self.imagination is not None else []
-        self.server_version, self._server_stats = ray.get([self.server.version.remote(), self.server.stats.remote()],
-                                                          timeout=self.timeout_s)
+        shared = ray.get([self.server.version.remote(), self.server.stats.remote()], timeout=self.timeout_s) \
+            if self.server is not None else None
+        if self.own_servers:  # the slowest worker's version is the lag that matters; counters summed
+            own = [st for st in self._worker_stats.values() if st.inference is not None]
+            self.server_version = min((st.policy_version for st in own), default=self.server_version)
+            self._server_stats = sum_server_stats([st.inference for st in own] + ([shared[1]] if shared else []))
+        else:
+            self.server_version, self._server_stats = shared
         return Drained(tuple(updates), tuple(episodes))
 
     def stats(self) -> RuntimeStats:
@@ -161,7 +176,8 @@ class RayRuntime:
             if self.imagination is not None:
                 self.imagination.shutdown()
             for h in [*self.workers, self.learner, self.server, self.gate, self.weight_store]:
-                ray.kill(h)
+                if h is not None:
+                    ray.kill(h)
             self.queue.shutdown()
         except Exception:  # shutting down a broken cluster must not hide the original error
             pass

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from acce.bykey import ByKey
 from acce.runtime.queue import StalenessGate, SyncGate
 from acce.runtime.worker import RolloutWorkerStats
-from acce.serving.inference import ServerStats
+from acce.serving.inference import InferenceServer, ServerStats
 from acce.types import Segment
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ class ProducerStats(ByKey):
     counters: RolloutWorkerStats | ImaginationWorkerStats = field(default_factory=RolloutWorkerStats)
     """the worker's own counters, a snapshot: a sim worker's RolloutWorkerStats (RolloutWorker.stats), an
     imagination worker's ImaginationWorkerStats (ImaginationWorker.stats())"""
+    inference: ServerStats | None = None
+    """the producer's own in-process InferenceServer's counters (runtime.inference_placement=worker), else None"""
+    policy_version: int = -1
+    """the version that server runs next (-1 without one)"""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,15 @@ class RuntimeStats(ByKey):
         return self.imagination.wm
 
 
+def sum_server_stats(stats: list[ServerStats]) -> ServerStats:
+    """Several servers' counters as one (inference_placement=worker: every worker's own server); the last swap is the
+    slowest of the servers' last swaps."""
+    if not stats:
+        return ServerStats()
+    return ServerStats(**{f.name: max(getattr(s, f.name) for s in stats) if f.name == "swap_ms_last"
+                          else sum(getattr(s, f.name) for s in stats) for f in fields(ServerStats)})
+
+
 def idle_frac(busy_s: float, alive_s: float) -> float:
     return 1.0 - busy_s / max(alive_s, 1e-9)
 
@@ -211,12 +224,15 @@ class RolloutProducer:
     put(segment) may block (pacing) and returns False when the run stops first; put_many(segments), if given, takes
     a tick's segments in order in one call instead (a remote queue: one round trip); on_episode(ep) runs where the
     worker runs (Ray: the actor's own curriculum); refresh() runs before each tick (imagination: pull the newest
-    world model)."""
+    world model); own_server: the worker's own in-process InferenceServer (inference_placement=worker), which
+    `load_weights` stages published versions in and `stats` reports."""
 
     def __init__(self, worker, put: Callable[[Segment], Any], *, max_steps: int = 64,
                  on_episode: Callable[[dict], None] | None = None, refresh: Callable[[], None] | None = None,
-                 put_many: Callable[[list[Segment]], Any] | None = None):
+                 put_many: Callable[[list[Segment]], Any] | None = None, own_server: InferenceServer | None = None):
         self.worker, self.put, self.put_many, self.max_steps = worker, put, put_many, max_steps
+        self.own_server = own_server
+        """the worker's in-process server when it has one of its own (runtime.inference_placement=worker)"""
         self.on_episode, self.refresh = on_episode, refresh
         self.episodes: list[dict[str, Any]] = []
         self.busy_s = self.idle_s = 0.0
@@ -250,10 +266,20 @@ class RolloutProducer:
     def stats(self, pid: int = 0) -> ProducerStats:
         c = self.worker.stats  # RolloutWorker: a RolloutWorkerStats property; ImaginationWorker: a method
         c = c() if callable(c) else c
+        own = self.own_server
         return ProducerStats(worker_id=self.worker.worker_id, env_steps=int(c.env_steps),
                              segments=int(c.segments), decisions=int(c.decisions),
                              busy_s=self.busy_s, idle_s=self.idle_s,
-                             alive_s=time.time() - self.started if self.started else 0.0, pid=pid, counters=c)
+                             alive_s=time.time() - self.started if self.started else 0.0, pid=pid, counters=c,
+                             inference=own.stats if own is not None else None,
+                             policy_version=own.version if own is not None else -1)
+
+    def load_weights(self, version: int, state: Any) -> None:
+        """Stage a published version in the producer's own server (inference_placement=worker: the learner pushes)."""
+        own = self.own_server
+        if own is None:
+            raise RuntimeError("load_weights: this producer's policy is a shared server's client, not its own server")
+        own.load_weights(version, state)
 
     def drain(self) -> tuple[list[dict[str, Any]], ProducerStats]:
         eps, self.episodes = self.episodes, []

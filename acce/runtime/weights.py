@@ -14,6 +14,7 @@ class WeightStore:
         self._lock = threading.Lock()
         self._version = -1
         self._state: Any = None
+        self._base: Any = None
         self.publishes = 0
 
     def publish(self, version: int, state: Any) -> None:
@@ -23,6 +24,19 @@ class WeightStore:
                 raise ValueError(f"publish of version {version} after {self._version}: versions only move forward")
             self._version, self._state = int(version), state
             self.publishes += 1
+
+    def set_base(self, policy_state: Any) -> None:
+        """The whole policy the run started from (VLAPolicy.policy_state, frozen parts included): what a process that
+        serves the policy itself builds it from before it takes the newest published version (Ray: restartable
+        rollout workers with their own server get it here, not in their constructor arguments)."""
+        with self._lock:
+            self._base = policy_state
+
+    def base(self) -> Any:
+        with self._lock:
+            if self._base is None:
+                raise RuntimeError("no base policy: the runtime sets it before it starts workers that serve themselves")
+            return self._base
 
     def latest_version(self) -> int:
         return self._version
