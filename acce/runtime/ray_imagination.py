@@ -65,16 +65,21 @@ class MixedBatches:
     and the imagined queue; a shortfall shifts both staleness gates."""
 
     def __init__(self, batch_segments: int, n_imagined: int, imagined_queue: Queue, sim_gate, imagined_gate,
-                 timeout_s: float):
+                 timeout_s: float, max_staleness: int = -1):
         self.queue, self.sim_gate, self.imagined_gate = imagined_queue, sim_gate, imagined_gate
         self.timeout_s = timeout_s
-        self.mixer = SourceMixer(batch_segments, n_imagined, on_shortfall=self._shortfall)
+        self.mixer = SourceMixer(batch_segments, n_imagined, on_shortfall=self._shortfall,
+                                 max_staleness=max_staleness, on_stale=self._stale)
 
     def _shortfall(self, n: int) -> None:
         ray.get([self.sim_gate.shift.remote(-n), self.imagined_gate.shift.remote(n)], timeout=self.timeout_s)
 
-    def take(self, get_sim) -> list | None:
-        return self.mixer.take(get_sim, lambda n: take_waiting(self.queue, n, self.timeout_s))
+    def _stale(self, n: int) -> None:
+        ray.get(self.sim_gate.shift.remote(-n), timeout=self.timeout_s)
+
+    def take(self, get_sim, version: int | None = None) -> list | None:
+        """A mixed batch for the learner at `version` (over-stale imagined segments dropped, SourceMixer)."""
+        return self.mixer.take(get_sim, lambda n: take_waiting(self.queue, n, self.timeout_s), version)
 
     def metrics(self, batch: list, learner_version: int) -> dict[str, float]:
         return self.mixer.metrics(batch, learner_version)
@@ -181,7 +186,7 @@ class RayImagination:
 
     def batches(self, sim_gate) -> MixedBatches:
         return MixedBatches(self.cfg.learner.batch_segments, self.n_imagined, self.queue, sim_gate, self.gate,
-                            self.timeout_s)
+                            self.timeout_s, self.cfg.learner.max_staleness)
 
     def ready_refs(self) -> list:
         return [h.pid.remote() for h in [*self.workers, self.trainer]]

@@ -217,7 +217,8 @@ class BuildLearner:
         def get_sim(n: int) -> list | None:
             return take_batch(queue, n, stopped, t)
         b, mixed = cfg.learner.batch_segments, self.mixed
-        return LearnerConsumer(learner, (lambda: mixed.take(get_sim)) if mixed is not None else (lambda: get_sim(b)),
+        return LearnerConsumer(learner, (lambda: mixed.take(get_sim, learner.version)) if mixed is not None
+                               else (lambda: get_sim(b)),
                                publish, [RemoteGate(named(name), t) for name in self.gate_names],
                                mix=mixed.metrics if mixed is not None else None, stamp_wait=True,
                                max_version=cfg.train.max_versions)

@@ -147,3 +147,21 @@ def test_imagination_is_off_by_default_and_presets_are_unchanged():
         assert not load(path).imagination.enabled
     cfg = load("configs/debug_wm.yaml")
     assert cfg.imagination.enabled and cfg.imagination.imagined_per_batch(cfg.learner.batch_segments) == 1
+
+
+def test_an_imagined_segment_too_stale_for_the_learner_is_dropped_counted_and_its_slot_filled_from_the_simulator():
+    """The learner does not wait for imagination: a segment whose production outlasted several updates arrives staler
+    than its gate predicted. At version 10 with max_staleness 4, behavior versions 5 (stale by 5) and 7 (by 3)."""
+    shortfalls, stale = [], []
+    sim = CountingSource("sim")
+    waiting = [seg("imagined", behavior_version=5), seg("imagined", behavior_version=7)]
+    mixer = SourceMixer(8, 3, on_shortfall=shortfalls.append, max_staleness=4, on_stale=stale.append)
+    batch = mixer.take(sim, lambda n: [waiting.pop(0) for _ in range(min(n, len(waiting)))], version=10)
+    assert sim.calls == [5, 2]  # one slot short (2 waiting for 3) and one dropped: both from the simulator
+    assert len(batch) == 8 and [int(s.behavior_version[0]) for s in batch if s.source == "imagined"] == [7]
+    assert shortfalls == [1] and stale == [1] and mixer.shortfall == 1 and mixer.dropped_stale == 1
+    assert mixer.metrics(batch, 10)["queue/imagined_dropped_stale"] == 1
+    # without a version (the local runtime) nothing is dropped: the learner's own exclusion stays the net
+    waiting[:] = [seg("imagined", behavior_version=5)]
+    batch = SourceMixer(8, 1, max_staleness=4).take(sim, lambda n: [waiting.pop(0)])
+    assert [int(s.behavior_version[0]) for s in batch if s.source == "imagined"] == [5]
