@@ -98,7 +98,7 @@ def test_a_rebuilt_worker_starts_at_the_weight_stores_newest_version(ray_cluster
     names = {k: f"placement-test/{k}" for k in ("server", "queue", "gate", "weights")}
     build = BuildSimProducer(0, cfg, rollout_env_factory(cfg), None, names, {}, own_server=True)
     assert len(pickle.dumps(build)) < 100_000  # below Ray's inline limit: no constructor argument in the object store
-    server = build._own_server()
+    server, _ = build._own_server()
     try:
         assert server.version == 9
         server._apply_staged()  # (what the next batch does first)

@@ -134,7 +134,7 @@ class BuildSimProducer:
         cfg, t = self.cfg, self.cfg.runtime.timeout_s
         queue = named(self.names["queue"], queue_maxsize=cfg.runtime.queue_capacity)
         env = self.make_env(self.worker_id)
-        own = self._own_server() if self.own_server else None
+        own, pull = self._own_server() if self.own_server else (None, None)
         policy = own if own is not None else RemotePolicy(named(self.names["server"]), t)
         worker = RolloutWorker(env, policy, worker_id=self.worker_id, gate=RemoteGate(named(self.names["gate"]), t),
                                pipelined=own is None, **rollout_kwargs(cfg),
@@ -146,7 +146,7 @@ class BuildSimProducer:
                 sampler.update(self.task_by_id[ep["task_id"]], ep["success"])
         refresh = None
         if own is not None:
-            pull, last = self._pull_newest(own), [0.0]
+            last = [0.0]
 
             def refresh() -> None:  # a push lost to a restart: ask the store when the gate holds every env
                 if worker.idle and time.monotonic() - last[0] >= IDLE_PULL_S:
@@ -156,28 +156,25 @@ class BuildSimProducer:
                                put_many=lambda segs: put_all_until_stopped(queue, segs, stopped, t), refresh=refresh,
                                own_server=own)
 
-    def _own_server(self):
+    def _own_server(self) -> tuple[Any, Callable[[], None]]:
         """The worker's in-process server (CPU, the shared server's settings), built from the store's base policy (a
         constructor argument that large would live in the object store, which a restart cannot count on: ray#53727),
-        on the newest published weights."""
+        on the newest published weights; and `pull()`, which stages the store's newest version if the server is
+        behind it."""
         from acce.policy.vla import VLAPolicy
         from acce.serving.inference import InferenceServer
-        rt = self.cfg.runtime
-        base = ray.get(named(self.names["weights"]).base.remote(), timeout=rt.timeout_s)
+        rt, store = self.cfg.runtime, named(self.names["weights"])
+        base = ray.get(store.base.remote(), timeout=rt.timeout_s)
         server = InferenceServer(VLAPolicy.from_state(base), max_batch=rt.max_batch,
                                  timeout_ms=rt.timeout_ms, seed=self.cfg.run.seed + 7 + 1000 * (self.worker_id + 1),
                                  ship_features=self.cfg.learner.train_scope == "residual",
                                  backend=rt.inference_backend)
-        self._pull_newest(server)()  # a restarted worker resumes at the run's version, not at its start's
-        return server
-
-    def _pull_newest(self, server) -> Callable[[], None]:
-        store, t = named(self.names["weights"]), self.cfg.runtime.timeout_s
 
         def pull() -> None:
-            if ray.get(store.latest_version.remote(), timeout=t) > server.version:
-                server.load_weights(*ray.get(store.get.remote(), timeout=t))
-        return pull
+            if ray.get(store.latest_version.remote(), timeout=rt.timeout_s) > server.version:
+                server.load_weights(*ray.get(store.get.remote(), timeout=rt.timeout_s))
+        pull()  # a restarted worker resumes at the run's version, not at its start's
+        return server, pull
 
 
 class BuildLearner:
