@@ -24,8 +24,8 @@ from acce.runtime.ray_clients import ServerActor
 from acce.runtime.ray_resources import ensure_ray, start_cluster  # noqa: F401 (ensure_ray: re-exported)
 from acce.runtime.ray_roles import (BuildLearner, BuildSimProducer, LearnerActor, WorkerActor, ensure_running,
                                     resubmit_dead)
-from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, Tally, gate_spec, idle_frac,
-                                rebase, sum_server_stats)
+from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, ServerTally, Tally, gate_spec,
+                                idle_frac, rebase)
 from acce.runtime.weights import WeightStore
 from acce.serving.inference import ServerStats
 
@@ -70,7 +70,8 @@ class RayRuntime:
             ray.get(self.weight_store.set_base.remote(learner.policy.policy_state()), timeout=rt.timeout_s)
         self.workers = [WorkerActor.options(num_cpus=rt.worker_cpus, resources=dict(rt.worker_resources),
                                             max_concurrency=2).remote(
-            BuildSimProducer(w, cfg, make_env, make_latency, self.names, TASK_BY_ID, self.own_servers))
+            BuildSimProducer(w, cfg, make_env, make_latency, self.names, TASK_BY_ID, self.own_servers), 1,
+            rt.producer_nice)
             for w in range(cfg.rollout.num_workers)]
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=learner_gpus,
                                             max_concurrency=2).remote(
@@ -83,6 +84,8 @@ class RayRuntime:
         self._worker_stats: dict[int, ProducerStats] = {}
         self._tallies: dict[int, Tally] = {}
         """env steps per worker across restarts (roles.rebase)"""
+        self._own_servers = ServerTally()
+        """the workers' own servers' counters across restarts (inference_placement=worker)"""
         self._runs: dict[int, Any] = {}
         self._stopped = False
         self.restarts = 0
@@ -125,6 +128,7 @@ class RayRuntime:
                 continue  # restarting; its episodes so far were already drained or died with it
             self._tallies[w], restarted = rebase(self._tallies.get(w), st.pid, st.env_steps)
             self.restarts += restarted
+            self._own_servers.update(w, st.inference, restarted)
             self._worker_stats[w] = st
             for ep in eps:
                 if self.on_episode is not None:
@@ -136,7 +140,7 @@ class RayRuntime:
         if self.own_servers:  # the slowest worker's version is the lag that matters; counters summed
             own = [st for st in self._worker_stats.values() if st.inference is not None]
             self.server_version = min((st.policy_version for st in own), default=self.server_version)
-            self._server_stats = sum_server_stats([st.inference for st in own] + ([shared[1]] if shared else []))
+            self._server_stats = self._own_servers.total((shared[1],) if shared else ())
         else:
             self.server_version, self._server_stats = shared
         return Drained(tuple(updates), tuple(episodes))

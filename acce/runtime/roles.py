@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from acce.bykey import ByKey
@@ -163,6 +163,28 @@ def sum_server_stats(stats: list[ServerStats]) -> ServerStats:
         return ServerStats()
     return ServerStats(**{f.name: max(getattr(s, f.name) for s in stats) if f.name == "swap_ms_last"
                           else sum(getattr(s, f.name) for s in stats) for f in fields(ServerStats)})
+
+
+class ServerTally:
+    """The workers' own servers' counters (runtime.inference_placement=worker), summed across restarts: a restarted
+    worker's server counts from zero again, so what its dead process last reported is kept apart (like `Tally` for
+    env steps) and the summed inference/* counters never go back. A dead server's last swap is no one's last swap."""
+
+    def __init__(self):
+        self._live: dict[int, ServerStats] = {}
+        self._retired = ServerStats()
+
+    def update(self, worker: int, stats: ServerStats | None, restarted: bool) -> None:
+        """A drained worker's server counters; restarted: its process is new (roles.rebase said so)."""
+        dead = self._live.pop(worker, None) if restarted else None
+        if dead is not None:
+            self._retired = replace(sum_server_stats([self._retired, dead]), swap_ms_last=0.0)
+        if stats is not None:
+            self._live[worker] = stats
+
+    def total(self, others: tuple[ServerStats, ...] = ()) -> ServerStats:
+        """Live and retired counters, plus `others` (e.g. a shared server's)."""
+        return sum_server_stats([self._retired, *self._live.values(), *others])
 
 
 def idle_frac(busy_s: float, alive_s: float) -> float:
