@@ -180,6 +180,10 @@ class RuntimeConfig:
     else server (docs/decisions.md). The local runtime always has one in-process server"""
     torch_threads: int = 1
     """torch intra-op threads per role process (2-core machines: 1 avoids oversubscription)"""
+    producer_nice: int = 0
+    """niceness (0-19, Linux) added to every rollout and imagination worker process on Ray, on top of the 15 Ray
+    starts its workers at (so at most 4 takes effect): > 0 lets the learner's update take a core first where role
+    processes outnumber cores (docs/decisions.md); 0 leaves the scheduler alone"""
     driver_threads: int = 0
     """torch threads of the driver process (BC warm start, evaluation); 0 = torch's default (all cores). On a
     machine shared with other jobs use 1: oversubscribed OpenMP threads ran BC ~30x slower here"""
@@ -207,6 +211,9 @@ class RuntimeConfig:
         if self.inference_placement not in INFERENCE_PLACEMENTS:
             raise ConfigError(f"runtime.inference_placement must be one of {list(INFERENCE_PLACEMENTS)}, got "
                               f"{self.inference_placement!r}")
+        if not 0 <= self.producer_nice <= 19:
+            raise ConfigError(f"runtime.producer_nice must be 0-19 (Linux niceness added to rollout workers), got "
+                              f"{self.producer_nice!r}")
         if self.learner_gpus < 0 or self.server_gpus < 0:
             raise ConfigError("runtime.learner_gpus and runtime.server_gpus must be >= 0 (fractions of a GPU)")
         for name, amount in self.worker_resources.items():

@@ -9,7 +9,7 @@ import pytest
 
 from acce.cli import main
 from acce.config import ConfigError, load
-from acce.runtime.roles import RolloutProducer, sum_server_stats
+from acce.runtime.roles import RolloutProducer, ServerTally, sum_server_stats
 from acce.serving.inference import ServerStats
 
 
@@ -19,6 +19,21 @@ def test_sum_server_stats_adds_counters_and_keeps_the_slowest_last_swap():
     assert sum_server_stats([a, b]) == ServerStats(batches=4, rows=32, forward_s=0.75, swaps=3, swap_ms_total=6.5,
                                                    swap_ms_last=2.5, onnx_attaches=2)
     assert sum_server_stats([]) == ServerStats()
+
+
+def test_summed_server_counters_never_go_back_when_a_worker_restarts():
+    tally = ServerTally()
+    tally.update(0, ServerStats(batches=10, rows=80, swaps=4, swap_ms_last=3.0), restarted=False)
+    tally.update(1, ServerStats(batches=5, rows=20, swaps=4, swap_ms_last=1.0), restarted=False)
+    assert tally.total() == ServerStats(batches=15, rows=100, swaps=8, swap_ms_last=3.0)
+    # worker 0's process died after reporting 10 batches; the new one counts from zero again
+    tally.update(0, ServerStats(batches=2, rows=6, swaps=1, swap_ms_last=0.5), restarted=True)
+    assert tally.total() == ServerStats(batches=17, rows=106, swaps=9, swap_ms_last=1.0)
+    tally.update(0, ServerStats(batches=3, rows=9, swaps=1, swap_ms_last=0.5), restarted=False)
+    shared = ServerStats(batches=1, rows=1)
+    assert tally.total((shared,)) == ServerStats(batches=19, rows=110, swaps=9, swap_ms_last=1.0)
+    tally.update(1, None, restarted=True)  # restarted and not yet reporting: its dead process's counts stay
+    assert tally.total() == ServerStats(batches=18, rows=109, swaps=9, swap_ms_last=0.5)
 
 
 def test_the_weight_store_holds_the_base_policy_workers_build_their_servers_from():
@@ -126,3 +141,34 @@ def test_training_with_a_server_in_each_worker(tmp_path, ray_cluster, mode):
     if mode == "sync":  # every batch sampled with the version the learner had: the pushes arrived before the gate
         assert max(e.value for e in ea.Scalars("staleness/max")) == 0
     assert max(e.value for e in ea.Scalars("weights/swap_ms")) > 0  # the workers' servers swapped pushed versions
+
+
+def test_producer_nice_lowers_the_priority_of_each_rollout_worker_process(ray_cluster):
+    """runtime.producer_nice is added to the actor's own process (Ray starts its workers at niceness 15, so the
+    learner keeps that) and again in a process Ray restarts after a crash (the constructor runs again there)."""
+    import os
+    import signal
+    import time
+    from acce.runtime.ray_roles import WorkerActor
+
+    class _Idle:  # defined here, so Ray ships it by value to the actor
+        def tick(self) -> bool:
+            return False
+
+    def niceness(actor) -> int:
+        return os.getpriority(os.PRIO_PROCESS, ray_cluster.get(actor.pid.remote(), timeout=30))
+    base = niceness(WorkerActor.remote(lambda stopped: _Idle()))
+    assert base <= 17, f"Ray's workers start at niceness {base}: no room to add 2"
+    worker = WorkerActor.remote(lambda stopped: _Idle(), 1, 2)
+    pid = ray_cluster.get(worker.pid.remote())
+    assert os.getpriority(os.PRIO_PROCESS, pid) == base + 2
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 60
+    while True:
+        try:
+            new = ray_cluster.get(worker.pid.remote(), timeout=10)
+            break
+        except Exception:
+            assert time.time() < deadline, "Ray did not restart the killed worker"
+            time.sleep(0.5)
+    assert new != pid and os.getpriority(os.PRIO_PROCESS, new) == base + 2

@@ -165,7 +165,8 @@ class RayImagination:
                                               max_concurrency=2).remote(
             BuildWMTrainer(cfg, make_wm_trainer, self.episode_queue, self.wm_store), rt.torch_threads)
         self.workers = [ImaginationActor.options(num_cpus=icfg.worker_cpus, max_concurrency=2).remote(
-            BuildImaginationProducer(IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, names))
+            BuildImaginationProducer(IMAGINATION_WORKER_ID0 + w, cfg, make_imagined_env, make_latency, names), 1,
+            rt.producer_nice)
             for w in range(icfg.num_workers)]
         self.sink = _QueueSink(names["episode_queue"], rt.timeout_s)
         self._runs: dict[int, Any] = {}

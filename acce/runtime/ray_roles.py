@@ -30,8 +30,11 @@ class RoleHost:
     LOADS_TORCH = True
     """whether the role's process imports torch at start-up (ray_clients.set_torch_threads)"""
 
-    def __init__(self, build: Callable[[Callable[[], bool]], Any], threads: int = 1):
-        """build(stopped) -> the role; `stopped` says when a blocking put or take inside it should give up."""
+    def __init__(self, build: Callable[[Callable[[], bool]], Any], threads: int = 1, nice: int = 0):
+        """build(stopped) -> the role; `stopped` says when a blocking put or take inside it should give up. nice:
+        niceness added to this process (runtime.producer_nice), again in a process Ray restarts."""
+        if nice:
+            os.nice(nice)
         set_torch_threads(threads, load=self.LOADS_TORCH)
         self._stop = threading.Event()
         self.role = build(self._stop.is_set)

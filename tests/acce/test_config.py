@@ -45,6 +45,7 @@ def test_typos_get_a_hint(override, message):
     ("runtime.worker_resources={CPU: 1}", "runtime.worker_cpus"),
     ("runtime.worker_resources={rollout_node: 0}", "positive number"),
     ("eval.groups=0", "eval.groups positive"),
+    ("runtime.producer_nice=20", "producer_nice must be 0-19"),
 ])
 def test_bad_values_fail_with_one_clear_line(override, message):
     with pytest.raises(ConfigError, match=message) as info:
