@@ -125,14 +125,26 @@ def test_a_rebuilt_worker_starts_at_the_weight_stores_newest_version(ray_cluster
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_training_with_a_server_in_each_worker(tmp_path, ray_cluster, mode):
+def test_training_with_a_server_in_each_worker(tmp_path, ray_cluster, mode, monkeypatch):
     """No shared server actor; the workers' own servers reach the learner's versions (the summary's publish lag and
-    batching come from them), and sync keeps every batch at staleness 0 with the pushed weights."""
+    batching come from them), and sync keeps every batch at staleness 0 with the pushed weights. The rollout workers
+    are made with runtime.producer_nice (what the actor does with it: the niceness test below)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    import acce.runtime.ray_runtime as ray_runtime
+    made: list[tuple] = []
+    real = ray_runtime.WorkerActor
+
+    class Recording:  # the real actor class, recording the arguments after the builder
+        @staticmethod
+        def options(**kw):
+            actor = real.options(**kw)
+            return type("Made", (), {"remote": staticmethod(lambda *a: made.append(a[1:]) or actor.remote(*a))})
+    monkeypatch.setattr(ray_runtime, "WorkerActor", Recording)
     assert main(["train", "--config", "configs/debug.yaml", f"run.out_dir={tmp_path}", f"run.name={mode}",
                  f"runtime.mode={mode}", "runtime.inference_placement=worker", "rollout.num_workers=2",
                  "learner.batch_segments=4", "train.max_versions=4", "train.final_eval=false", "bc.dagger_rounds=0",
-                 "--quiet"]) == 0
+                 "runtime.producer_nice=1", "--quiet"]) == 0
+    assert made == [(1, 1), (1, 1)]  # (torch threads, niceness) for each of the two workers
     summary = json.loads((tmp_path / mode / "summary.json").read_text())
     assert summary["learner_version"] >= 4 and summary["env_steps"] > 0
     assert summary["inference_rows_per_batch"] >= 1.0  # summed over the workers' own servers
@@ -157,7 +169,9 @@ def test_producer_nice_lowers_the_priority_of_each_rollout_worker_process(ray_cl
 
     def niceness(actor) -> int:
         return os.getpriority(os.PRIO_PROCESS, ray_cluster.get(actor.pid.remote(), timeout=30))
-    base = niceness(WorkerActor.remote(lambda stopped: _Idle()))
+    plain = WorkerActor.remote(lambda stopped: _Idle())
+    base = niceness(plain)
+    ray_cluster.kill(plain)
     assert base <= 17, f"Ray's workers start at niceness {base}: no room to add 2"
     worker = WorkerActor.remote(lambda stopped: _Idle(), 1, 2)
     pid = ray_cluster.get(worker.pid.remote())
@@ -172,3 +186,4 @@ def test_producer_nice_lowers_the_priority_of_each_rollout_worker_process(ray_cl
             assert time.time() < deadline, "Ray did not restart the killed worker"
             time.sleep(0.5)
     assert new != pid and os.getpriority(os.PRIO_PROCESS, new) == base + 2
+    ray_cluster.kill(worker)
