@@ -9,7 +9,7 @@ import pytest
 
 from acce.cli import main
 from acce.config import ConfigError, load
-from acce.runtime.roles import RolloutProducer, ServerTally, sum_server_stats
+from acce.runtime.roles import RolloutProducer, retire_server, sum_server_stats
 from acce.serving.inference import ServerStats
 
 
@@ -22,18 +22,19 @@ def test_sum_server_stats_adds_counters_and_keeps_the_slowest_last_swap():
 
 
 def test_summed_server_counters_never_go_back_when_a_worker_restarts():
-    tally = ServerTally()
-    tally.update(0, ServerStats(batches=10, rows=80, swaps=4, swap_ms_last=3.0), restarted=False)
-    tally.update(1, ServerStats(batches=5, rows=20, swaps=4, swap_ms_last=1.0), restarted=False)
-    assert tally.total() == ServerStats(batches=15, rows=100, swaps=8, swap_ms_last=3.0)
+    w0 = ServerStats(batches=10, rows=80, swaps=4, swap_ms_last=3.0)
+    w1 = ServerStats(batches=5, rows=20, swaps=4, swap_ms_last=1.0)
+    retired = ServerStats()
+    assert sum_server_stats([retired, w0, w1]) == ServerStats(batches=15, rows=100, swaps=8, swap_ms_last=3.0)
     # worker 0's process died after reporting 10 batches; the new one counts from zero again
-    tally.update(0, ServerStats(batches=2, rows=6, swaps=1, swap_ms_last=0.5), restarted=True)
-    assert tally.total() == ServerStats(batches=17, rows=106, swaps=9, swap_ms_last=1.0)
-    tally.update(0, ServerStats(batches=3, rows=9, swaps=1, swap_ms_last=0.5), restarted=False)
+    retired, w0 = retire_server(retired, w0), ServerStats(batches=2, rows=6, swaps=1, swap_ms_last=0.5)
+    assert sum_server_stats([retired, w0, w1]) == ServerStats(batches=17, rows=106, swaps=9, swap_ms_last=1.0)
+    w0 = ServerStats(batches=3, rows=9, swaps=1, swap_ms_last=0.5)
     shared = ServerStats(batches=1, rows=1)
-    assert tally.total((shared,)) == ServerStats(batches=19, rows=110, swaps=9, swap_ms_last=1.0)
-    tally.update(1, None, restarted=True)  # restarted and not yet reporting: its dead process's counts stay
-    assert tally.total() == ServerStats(batches=18, rows=109, swaps=9, swap_ms_last=0.5)
+    assert sum_server_stats([retired, w0, w1, shared]) == ServerStats(batches=19, rows=110, swaps=9, swap_ms_last=1.0)
+    retired = retire_server(retired, w1)  # restarted and not yet reporting: its dead process's counts stay
+    assert sum_server_stats([retired, w0]) == ServerStats(batches=18, rows=109, swaps=9, swap_ms_last=0.5)
+    assert retire_server(retired, None) == retired  # a restarted worker without its own server
 
 
 def test_the_weight_store_holds_the_base_policy_workers_build_their_servers_from():

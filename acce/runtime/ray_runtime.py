@@ -24,8 +24,8 @@ from acce.runtime.ray_clients import ServerActor
 from acce.runtime.ray_resources import ensure_ray, start_cluster  # noqa: F401 (ensure_ray: re-exported)
 from acce.runtime.ray_roles import (BuildLearner, BuildSimProducer, LearnerActor, WorkerActor, ensure_running,
                                     resubmit_dead)
-from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, ServerTally, Tally, gate_spec,
-                                idle_frac, rebase)
+from acce.runtime.roles import (Drained, LearnerStats, ProducerStats, RuntimeStats, Tally, gate_spec, idle_frac,
+                                rebase, retire_server, sum_server_stats)
 from acce.runtime.weights import WeightStore
 from acce.serving.inference import ServerStats
 
@@ -84,8 +84,8 @@ class RayRuntime:
         self._worker_stats: dict[int, ProducerStats] = {}
         self._tallies: dict[int, Tally] = {}
         """env steps per worker across restarts (roles.rebase)"""
-        self._own_servers = ServerTally()
-        """the workers' own servers' counters across restarts (inference_placement=worker)"""
+        self._retired_servers = ServerStats()
+        """what the workers' dead processes' own servers counted (roles.retire_server)"""
         self._runs: dict[int, Any] = {}
         self._stopped = False
         self.restarts = 0
@@ -128,7 +128,8 @@ class RayRuntime:
                 continue  # restarting; its episodes so far were already drained or died with it
             self._tallies[w], restarted = rebase(self._tallies.get(w), st.pid, st.env_steps)
             self.restarts += restarted
-            self._own_servers.update(w, st.inference, restarted)
+            if restarted and w in self._worker_stats:
+                self._retired_servers = retire_server(self._retired_servers, self._worker_stats[w].inference)
             self._worker_stats[w] = st
             for ep in eps:
                 if self.on_episode is not None:
@@ -140,7 +141,8 @@ class RayRuntime:
         if self.own_servers:  # the slowest worker's version is the lag that matters; counters summed
             own = [st for st in self._worker_stats.values() if st.inference is not None]
             self.server_version = min((st.policy_version for st in own), default=self.server_version)
-            self._server_stats = self._own_servers.total((shared[1],) if shared else ())
+            self._server_stats = sum_server_stats([self._retired_servers] + [st.inference for st in own]
+                                                  + ([shared[1]] if shared else []))
         else:
             self.server_version, self._server_stats = shared
         return Drained(tuple(updates), tuple(episodes))

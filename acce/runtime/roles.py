@@ -165,26 +165,14 @@ def sum_server_stats(stats: list[ServerStats]) -> ServerStats:
                           else sum(getattr(s, f.name) for s in stats) for f in fields(ServerStats)})
 
 
-class ServerTally:
-    """The workers' own servers' counters (runtime.inference_placement=worker), summed across restarts: a restarted
-    worker's server counts from zero again, so what its dead process last reported is kept apart (like `Tally` for
-    env steps) and the summed inference/* counters never go back. A dead server's last swap is no one's last swap."""
-
-    def __init__(self):
-        self._live: dict[int, ServerStats] = {}
-        self._retired = ServerStats()
-
-    def update(self, worker: int, stats: ServerStats | None, restarted: bool) -> None:
-        """A drained worker's server counters; restarted: its process is new (roles.rebase said so)."""
-        dead = self._live.pop(worker, None) if restarted else None
-        if dead is not None:
-            self._retired = replace(sum_server_stats([self._retired, dead]), swap_ms_last=0.0)
-        if stats is not None:
-            self._live[worker] = stats
-
-    def total(self, others: tuple[ServerStats, ...] = ()) -> ServerStats:
-        """Live and retired counters, plus `others` (e.g. a shared server's)."""
-        return sum_server_stats([self._retired, *self._live.values(), *others])
+def retire_server(retired: ServerStats, dead: ServerStats | None) -> ServerStats:
+    """What the workers' dead processes' own servers counted (runtime.inference_placement=worker), plus `dead`'s last
+    drained counters: a restarted worker's server counts from zero again, so summing this beside the live servers
+    keeps the inference/* counters from going back (as `rebase` does for env steps). A dead server's last swap is no
+    one's last swap."""
+    if dead is None:
+        return retired
+    return replace(sum_server_stats([retired, dead]), swap_ms_last=0.0)
 
 
 def idle_frac(busy_s: float, alive_s: float) -> float:
