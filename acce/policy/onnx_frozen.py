@@ -76,10 +76,6 @@ class OnnxFrozen:
         args = tuple(x[k] for k in names)
         with torch.inference_mode():
             ref = policy.frozen_outputs(dict(x))
-        (h, w), grid = policy.vision.last_map_hw, policy.vision.grid
-        if h % grid or w % grid:  # checked here: the exporter would print its whole graph before failing
-            raise ValueError(f"ONNX export cannot pool the vision encoder's {h}x{w} map to {grid}x{grid} (the sizes "
-                             "must divide); pick policy.image_grid dividing it, or serve with torch")
         self.outputs = tuple(k for k in FROZEN_KEYS if ref.get(k) is not None)
         graph = _FrozenGraph(policy, names, self.outputs).eval()
         buf = io.BytesIO()

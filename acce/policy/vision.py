@@ -156,7 +156,22 @@ class VisionEncoder(nn.Module):
             h, w = x.shape[-2] // patch, x.shape[-1] // patch
             patches = hidden[:, 1:] if self.kind == "vit" else hidden  # ViT has a CLS token first, SigLIP none
             fmap = patches.transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (N, C, h, w)
-        self.last_map_hw = (int(fmap.shape[-2]), int(fmap.shape[-1]))  # what is pooled (ONNX export checks it)
         if fmap.shape[-2:] != (self.grid, self.grid):
-            fmap = F.adaptive_avg_pool2d(fmap, self.grid)
+            h, w = int(fmap.shape[-2]), int(fmap.shape[-1])
+            if torch.onnx.is_in_onnx_export() and (h % self.grid or w % self.grid):
+                # ONNX cannot export uneven adaptive bins (e.g. 96 x 96 images: 12 x 12 -> 8 x 8); the same averages
+                # as two matrix products, so the exported graph serves any image size (torch's op otherwise)
+                fmap = pool_matrix(h, self.grid) @ fmap @ pool_matrix(w, self.grid).T
+            else:
+                fmap = F.adaptive_avg_pool2d(fmap, self.grid)
         return fmap.flatten(2).transpose(1, 2), points  # (N, G*G, C), (N, K, 2) or None
+
+
+def pool_matrix(size_in: int, size_out: int) -> torch.Tensor:
+    """(size_out, size_in) weights of adaptive average pooling along one axis, with torch's bins: output i averages
+    inputs floor(i * in / out) .. ceil((i + 1) * in / out) - 1 (bins overlap where the sizes do not divide)."""
+    m = torch.zeros(size_out, size_in)
+    for i in range(size_out):
+        lo, hi = (i * size_in) // size_out, -(-((i + 1) * size_in) // size_out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m

@@ -47,7 +47,12 @@ def count_trunk_calls(policy):
     return calls
 
 
-@pytest.mark.parametrize("overrides", [RESIDUAL, KEYPOINTS], ids=["plain", "keypoints_aux"])
+UNEVEN = RESIDUAL + ["policy.resnet_hidden_sizes=[8,16]", "policy.resnet_depths=[1,1]", "policy.image_grid=3"]
+"""a 4 x 4 feature map pooled to 3 x 3: overlapping bins, which ONNX's pooling ops cannot express (96 x 96 images
+with the default encoder: 12 x 12 -> 8 x 8)"""
+
+
+@pytest.mark.parametrize("overrides", [RESIDUAL, KEYPOINTS, UNEVEN], ids=["plain", "keypoints_aux", "uneven_pooling"])
 def test_exported_features_equal_torch_at_every_batch_size(overrides):
     policy = make_policy(overrides).eval()
     frozen = OnnxFrozen.for_policy(policy, policy._inputs(policy.with_lang(obs(3))))
@@ -66,7 +71,7 @@ def test_exported_features_equal_torch_at_every_batch_size(overrides):
     assert OnnxFrozen.for_policy(policy, policy._inputs(policy.with_lang(obs(7)))) is frozen  # same weights: cached
 
 
-@pytest.mark.parametrize("overrides", [RESIDUAL, KEYPOINTS], ids=["plain", "keypoints_aux"])
+@pytest.mark.parametrize("overrides", [RESIDUAL, KEYPOINTS, UNEVEN], ids=["plain", "keypoints_aux", "uneven_pooling"])
 def test_server_on_onnxruntime_skips_the_trunk_and_matches_torch(overrides):
     torch_server = InferenceServer(make_policy(overrides), deterministic=True, ship_features=True)
     server = InferenceServer(make_policy(overrides), deterministic=True, ship_features=True, backend="onnxruntime")
@@ -171,3 +176,14 @@ def test_auto_serves_with_torch_when_the_export_fails(monkeypatch):
     np.testing.assert_array_equal(got["mean"], torch_server.infer(obs(3))["mean"])
     with pytest.raises(RuntimeError, match="exporter exploded"):  # asked for by name: no silent fallback
         InferenceServer(make_policy(RESIDUAL), backend="onnxruntime").infer(obs(3))
+
+
+@pytest.mark.parametrize("size_in,size_out", [(12, 8), (4, 3), (8, 8), (5, 2), (2, 3)])
+def test_pool_matrix_averages_as_torch_adaptive_pooling(size_in, size_out):
+    from acce.policy.vision import pool_matrix
+    m = pool_matrix(size_in, size_out)
+    if (size_in, size_out) == (4, 3):  # torch's bins for 4 -> 3: [0, 2), [1, 3), [2, 4)
+        assert torch.equal(m, torch.tensor([[.5, .5, 0, 0], [0, .5, .5, 0], [0, 0, .5, .5]]))
+    x = torch.randn(2, 3, size_in, size_in + 1)
+    want = torch.nn.functional.adaptive_avg_pool2d(x, size_out)
+    assert torch.allclose(pool_matrix(size_in, size_out) @ x @ pool_matrix(size_in + 1, size_out).T, want, atol=1e-6)
