@@ -29,6 +29,12 @@ class RolloutConfig:
     Evaluation never replays; training-success metrics count fresh layouts only (docs/decisions.md)"""
     replay_capacity: int = 64
     """failed layouts each rollout worker keeps for replay_failed, oldest dropped first"""
+    align_decisions: bool = True
+    """a worker holds an env whose decision falls due (after a reset, mid-way through the others' chunks) until none
+    of its other envs can step, so that its envs decide in one inference batch instead of drifting into up to
+    execution_horizon smaller ones; the held env idles at most execution_horizon - 1 control steps per episode.
+    Blocking workers only (a pipelined worker already overlaps its requests with stepping). Evaluation envs do the
+    same; their outcome per seed does not change (docs/decisions.md, "Decisions in one batch")"""
 
     def __post_init__(self) -> None:
         if self.segment_len <= 0 or self.execution_horizon <= 0 or self.num_workers <= 0:

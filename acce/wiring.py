@@ -191,7 +191,8 @@ def make_evaluator(cfg, server, tasks, episodes: int, *, latency=None, num_envs:
                      episodes=episodes, num_envs=num_envs or cfg.eval.num_envs, chunk_len=cfg.policy.chunk_len,
                      exec_horizon=cfg.rollout.execution_horizon, max_delay=cfg.policy.max_delay_steps,
                      latency=latency if latency is not None else make_latency_model(cfg, cfg.run.seed + 999),
-                     delay_aware=cfg.learner.delay_correction, groups=cfg.eval.groups)
+                     delay_aware=cfg.learner.delay_correction, groups=cfg.eval.groups,
+                     align_decisions=cfg.rollout.align_decisions)
 
 
 def make_eval_role(cfg, place):

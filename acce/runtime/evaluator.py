@@ -30,7 +30,7 @@ class Evaluator:
     def __init__(self, make_env: Callable[..., Any], server, *, tasks, episodes: int = 20, num_envs: int = 8,
                  chunk_len: int = 8, exec_horizon: int = 4, max_delay: int = 0, latency=None,
                  delay_aware: bool = True, max_steps: int = 10_000, probe: Callable[..., None] | None = None,
-                 groups: int = 1):
+                 groups: int = 1, align_decisions: bool = False):
         if int(groups) < 1:
             raise ValueError(f"groups must be >= 1 (env groups per evaluation cell), got {groups}")
         self.make_env, self.server = make_env, server
@@ -39,6 +39,10 @@ class Evaluator:
         self.latency, self.delay_aware, self.max_steps = latency, delay_aware, max_steps
         self.probe = probe
         """called as probe(task, control steps, observation batch, request) at every decision (acce.runtime.aux_probe)"""
+        self.align = bool(align_decisions)
+        """an env that falls due while others are mid-chunk idles until they are all due, so that each decision is
+        one batch of the group's envs (rollout.align_decisions); outcomes per seed are the same, the order of
+        latency draws is not"""
         self.groups = int(groups)
         """env groups per cell, each num_envs envs on its own thread (eval.groups): one group's simulator steps while
         another's batch is in the policy (MuJoCo and torch release the GIL)"""
@@ -127,7 +131,10 @@ class Evaluator:
                                      self.delay_aware) for _ in range(n_env)]
             video_seed = seeds[0]
             for _ in range(self.max_steps):
-                due = [i for i, tl in enumerate(timelines) if tl.decision_due]
+                due_mask = np.fromiter((tl.decision_due for tl in timelines), bool, n_env)
+                hold = self.align and due_mask.any() and not due_mask.all()
+                active = ~due_mask if hold else np.ones(n_env, bool)
+                due = [] if hold else [int(i) for i in np.flatnonzero(due_mask)]
                 if due:
                     batch = env.observe(due)
                     inputs = []
@@ -144,13 +151,16 @@ class Evaluator:
                         tl.add_decision(Decision(inp=inp, chunk=out["chunk"][k], logp_pos=out["logp_pos"][k],
                                                  value=float(out["value"][k]), version=int(out["version"]), t=tl.t,
                                                  delay_steps=d, episode_id=0, timestamp_s=0.0))
-                actions = np.stack([tl.action() for tl in timelines])
-                record = frames is not None and int(env.seeds[0]) == video_seed
-                step = env.step(actions, render=False)
+                actions = np.zeros((n_env, env.action_dim), np.float32)
+                for i in np.flatnonzero(active):
+                    actions[i] = timelines[i].action()
+                record = frames is not None and int(env.seeds[0]) == video_seed and active[0]
+                step = env.step(actions, render=False, active=active) if hold else env.step(actions, render=False)
                 if record:
                     frames.append(env.observe([0])["image/front"][0] if 0 not in step.final_obs
                                   else step.final_obs[0]["image/front"])
-                for i, tl in enumerate(timelines):
+                for i in np.flatnonzero(active):
+                    tl = timelines[i]
                     tl.record(step.reward[i], step.success[i])
                     if step.done[i]:
                         seed = int(step.info["seed"][i])

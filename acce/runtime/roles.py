@@ -224,7 +224,8 @@ def rollout_kwargs(cfg) -> dict[str, Any]:
     """RolloutWorker arguments shared by sim and imagination workers (one chunk timeline for both)."""
     r, lc = cfg.rollout, cfg.learner
     return dict(segment_len=r.segment_len, chunk_len=cfg.policy.chunk_len, exec_horizon=r.execution_horizon,
-                max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma, delay_aware=lc.delay_correction)
+                max_delay=cfg.policy.max_delay_steps, gamma=lc.gamma, delay_aware=lc.delay_correction,
+                align_decisions=r.align_decisions)
 
 
 # --- the roles -----------------------------------------------------------------------------------------------------

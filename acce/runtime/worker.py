@@ -111,18 +111,22 @@ class RolloutWorkerStats(ByKey):
     """decisions whose sampled delay exceeded max_delay and was clamped to it"""
     gate_asks: int = 0
     """gate.try_acquire calls (a denial is not asked again at the same version for GATE_RETRY_S)"""
+    held_steps: int = 0
+    """control steps in which align_decisions held due envs back so that they decide with the others"""
 
 
 class RolloutWorker:
     def __init__(self, env, policy: PolicyClient, *, worker_id: int = 0, segment_len: int = 8, chunk_len: int = 8,
                  exec_horizon: int = 4, max_delay: int = 0, gamma: float = 0.99, delay_aware: bool = True,
                  latency: LatencyModel | None = None, source: str = "sim", gate: Gate | None = None,
-                 clock: Callable[[], float] = time.time, pipelined: bool = False):
+                 clock: Callable[[], float] = time.time, pipelined: bool = False, align_decisions: bool = False):
         """pipelined: send inference requests without waiting (policy.submit) and keep stepping the other envs
         while they are in flight; an env waits only for its own chunk. Off: one blocking infer() per batch of
-        decisions, the deterministic order the local runtime needs."""
+        decisions, the deterministic order the local runtime needs. align_decisions (blocking workers only): a due
+        env waits until no other env can step, so that decisions go out in one batch (rollout.align_decisions)."""
         self.env, self.policy, self.gate = env, policy, gate
         self.pipelined = pipelined
+        self.align = align_decisions and not pipelined
         self.inflight: list[tuple[Any, list[int], list[tuple[DecisionInput, int]], float]] = []
         """pipelined requests in submission order: (pending, env indices, their inputs, submit time)"""
         self.inflight_envs: set[int] = set()
@@ -190,6 +194,10 @@ class RolloutWorker:
         ready = self._ready()
         due = [i for i, tl in enumerate(self.timelines) if tl.decision_due and i not in self.waiting and ready[i]
                and i not in self.inflight_envs]
+        if due and self.align and any(ready[i] and not tl.decision_due and i not in self.waiting
+                                      for i, tl in enumerate(self.timelines)):
+            due = []  # hold: these decide in one batch with the others once no env can step
+            self._counts["held_steps"] += 1
         if due:
             for i, row in zip(due, self._observe(due)):
                 d = self._sample_delay()

@@ -38,11 +38,11 @@ class FakeVecEnv:
         return {"state": np.zeros((len(idx), 3), np.float32), "instruction": ["touch it"] * len(idx),
                 "task_id": np.zeros(len(idx), np.int64)}
 
-    def step(self, actions, render=False):
+    def step(self, actions, render=False, active=None):
         n = self.n
         done, success, ep_success = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
         length, seeds = np.zeros(n, np.int64), self.seeds.copy()
-        for i in range(n):
+        for i in range(n) if active is None else np.flatnonzero(active):
             self.t[i] += 1
             ok, steps = outcome(int(self.seeds[i]))
             if self.t[i] >= steps:
@@ -87,6 +87,35 @@ def test_a_cell_counts_exactly_the_first_seeds_and_names_the_failures(split):
     assert cell["seeds"] == [expected[0], expected[-1]]
     assert cell["mean_length"] == pytest.approx(np.mean([outcome(s)[1] for s in expected]))
     assert set(expected) <= set(envs[0].started) and server.calls > 0
+
+
+class BatchRecordingServer(FakeServer):
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def infer(self, req):
+        self.sizes.append(len(req["instruction"]))
+        return super().infer(req)
+
+
+def test_aligned_decisions_give_the_same_cell_in_full_batches():
+    """rollout.align_decisions: episodes of 1-5 steps at horizon 2 fall due at different control steps; aligned,
+    every decision is a batch of all 4 envs and the cell (which seeds, which succeed, their lengths) is unchanged."""
+    def cell(align):
+        def make_env(tasks, n, seeds, instruction_split, episode_seeds):
+            return FakeVecEnv(n, episode_seeds)
+
+        server = BatchRecordingServer()
+        ev = Evaluator(make_env, server, tasks=["reach"], episodes=20, num_envs=4, chunk_len=H, exec_horizon=2,
+                       align_decisions=align)
+        return ev.run("val")["per_task"]["reach/val"], server.sizes
+
+    plain, plain_sizes = cell(False)
+    aligned, aligned_sizes = cell(True)
+    assert min(plain_sizes) < 4 and set(aligned_sizes) == {4}
+    assert len(aligned_sizes) < len(plain_sizes)
+    assert aligned == plain
 
 
 class ThreadRecordingServer(FakeServer):

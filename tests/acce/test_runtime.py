@@ -46,9 +46,11 @@ def run_updates(rt, n_updates):
     return updates
 
 
-def test_async_at_zero_staleness_equals_sync():
-    _, learner_s, rt_s = make_runtime(["runtime.mode=sync"])
-    _, learner_a, rt_a = make_runtime(["runtime.mode=async", "learner.max_staleness=0"])
+@pytest.mark.parametrize("align", [False, True])
+def test_async_at_zero_staleness_equals_sync(align):
+    aligned = [f"rollout.align_decisions={align}"]
+    _, learner_s, rt_s = make_runtime(["runtime.mode=sync"] + aligned)
+    _, learner_a, rt_a = make_runtime(["runtime.mode=async", "learner.max_staleness=0"] + aligned)
     start = {k: v.clone() for k, v in learner_s.policy.state_dict().items()}
     try:
         up_s, up_a = run_updates(rt_s, 3), run_updates(rt_a, 3)
