@@ -147,6 +147,16 @@ def test_aux_input_needs_the_aux_loss_and_fresh_policies_get_the_head():
     assert build_policy(load(None, ["policy.language=hash"]), np.ones((3, 7), np.float32)).aux_dim == 0
 
 
+@pytest.mark.parametrize("preset", ["configs/default.yaml", "configs/gpu.yaml"])
+def test_push_presets_clone_no_expert_labelled_dagger(preset):
+    """The scripted pusher's labels of a cloned policy's own states (a lift whenever the tip is low beside the cube
+    off the push line) halved push in the cloning phase after them (docs/decisions.md, "No DAgger in the main job's
+    warm start"): presets that clone push run no DAgger rounds, or use their states for the aux loss only."""
+    cfg = load(preset)
+    assert "push" in cfg.env.tasks
+    assert cfg.bc.dagger_rounds == 0 or cfg.bc.dagger_targets == "aux"
+
+
 @pytest.mark.parametrize("preset", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml")))
 def test_every_preset_loads(preset):
     cfg = load(Path(__file__).parents[2] / "configs" / preset)
