@@ -44,7 +44,7 @@ def main() -> None:
     from acce.policy.vla import VLAPolicy
     from acce.store.episodes import EpisodeStore
     from acce.warmstart import bc_warmstart
-    from acce.wiring import make_sim_env
+    from acce.wiring import eval_env_factory
 
     cfg = load_config(Config, args.config, list(args.overrides))
     run_dir = Path(args.run_dir)
@@ -73,11 +73,7 @@ def main() -> None:
     phases.append(learner.policy.policy_state())
     demos = list(EpisodeStore.open(run_dir / "demos.zarr").iter_episodes())
 
-    def make_env(tasks, num_envs, **kw):
-        return make_sim_env(tasks, num_envs, image_size=cfg.env.image_size, cameras=cfg.env.cameras,
-                            task_params={t: q for t, q in cfg.env.task_params.items() if t in tasks},
-                            aux_labels=cfg.bc.aux_loss_coef > 0, privileged_state=cfg.env.privileged_state, **kw)
-
+    make_env = eval_env_factory(cfg, aux_labels=cfg.bc.aux_loss_coef > 0)  # the warm start's envs, as it makes them
     result = {"config": args.config, "overrides": list(args.overrides), "episodes_per_task": args.episodes,
               "demo_up_share": {t: up_share([e.action for e in demos if e.task == t]) for t in cfg.env.tasks},
               "dagger_rounds": rounds, "phases": []}
