@@ -157,6 +157,15 @@ def test_push_presets_clone_no_expert_labelled_dagger(preset):
     assert cfg.bc.dagger_rounds == 0 or cfg.bc.dagger_targets == "aux"
 
 
+def test_main_job_spends_its_budget_on_rl():
+    """With 2,400 cloning steps version 0 pushed within 10 points of the top and RL added +3 to +10; the main job
+    clones less and gives RL most of the job (docs/decisions.md, "A cheaper warm start so that RL earns its share")."""
+    cfg = load("configs/default.yaml")
+    assert cfg.bc.steps < 2400 and cfg.bc.dagger_rounds == 0
+    assert cfg.train.max_wall_s >= 0.65 * cfg.train.job_max_wall_s
+    assert cfg.bc.max_wall_s + cfg.train.max_wall_s > cfg.train.job_max_wall_s  # the job budget, not the sum, binds
+
+
 @pytest.mark.parametrize("preset", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml")))
 def test_every_preset_loads(preset):
     cfg = load(Path(__file__).parents[2] / "configs" / preset)
