@@ -38,7 +38,8 @@ def cmd_tasks(args) -> int:
         print(f"{r['task']}  ({r['gym_id']}, id {r['task_id']}, {r['max_steps']} steps at {r['control_hz']:g} Hz)")
         print(f"    {r['doc']}")
         print("    train:    " + " | ".join(r["train_instructions"]))
-        print("    held-out: " + " | ".join(r["heldout_instructions"]))
+        print("    val:      " + " | ".join(r["val_instructions"]))
+        print("    held-out: " + " | ".join(r["heldout_instructions"]) + "  (test seeds only)")
     try:
         from sim.metaworld_env import metaworld_task_names
         names = metaworld_task_names()
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "policies (MuJoCo + world model rollouts, delay-aware learner, robot bridge).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("tasks", help="list tasks with their instructions (train and held-out paraphrases)")
+    p = sub.add_parser("tasks", help="list tasks with their instructions (train, validation and test paraphrases)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=cmd_tasks)
 
@@ -260,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=("test", "val"), default="test",
                    help="seed range: 'test' for numbers you report, 'val' for every choice (default test)")
     p.add_argument("--instructions", choices=("heldout", "train", "both"), default="both",
-                   help="paraphrase set(s): held-out (reported), train, or both (default both)")
+                   help="paraphrase set(s): held-out (with --split val the validation paraphrases, with test the "
+                        "test ones), train, or both (default both)")
     p.add_argument("--episodes", type=int, default=100, help="episodes per task and paraphrase set (default 100)")
     p.add_argument("--task", action="append", help="task(s) to evaluate; default: the run's tasks")
     p.add_argument("--video-dir", dest="video_dir", default=None, help="save one GIF per task here")

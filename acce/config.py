@@ -106,7 +106,7 @@ class CollectConfig:
     """seed range to draw layouts from: 'train', or 'val' / 'test' (evaluation seeds, e.g. held-out data to score a
     world model on: 'val' for choices, 'test' for reports; never train on them)"""
     instruction_split: str = "train"
-    """instruction paraphrases: 'train' or 'heldout'"""
+    """instruction paraphrases: 'train', 'val' (held out, for choices) or 'heldout' (held out, for reports)"""
     num_envs: int = 8
     """envs stepped together while recording"""
     out: str = "data/episodes.zarr"
@@ -123,8 +123,9 @@ class CollectConfig:
             raise ConfigError(f"collect.episodes must be positive, got {self.episodes}")
         if self.seeds not in ("train", "val", "test"):
             raise ConfigError(f"collect.seeds must be 'train', 'val' or 'test', got {self.seeds!r}")
-        if self.instruction_split not in ("train", "heldout"):
-            raise ConfigError(f"collect.instruction_split must be 'train' or 'heldout', got {self.instruction_split!r}")
+        if self.instruction_split not in ("train", "val", "heldout"):
+            raise ConfigError("collect.instruction_split must be 'train', 'val' or 'heldout', "
+                              f"got {self.instruction_split!r}")
         if not 0.0 <= self.noisy_fraction <= 1.0 or self.noise_std < 0:
             raise ConfigError("collect.noisy_fraction must be in [0, 1] and collect.noise_std >= 0")
         check_task_weights("collect.task_weights", self.task_weights, self.tasks)

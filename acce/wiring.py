@@ -82,7 +82,8 @@ def fit_aux(cfg, *, verbose: bool = True):
 
 
 def task_table() -> list[dict]:
-    """Every registered task with its instructions (train and held-out), gym id, time limit and control rate."""
+    """Every registered task with its instructions (train, validation and test paraphrases), gym id, time limit and
+    control rate."""
     from sim.tasks import GYM_IDS, TASKS, task_id
 
     rows = []
@@ -90,6 +91,7 @@ def task_table() -> list[dict]:
         cfg = cls.config_cls()
         rows.append({"task": name, "task_id": task_id(name), "gym_id": GYM_IDS[name], "max_steps": cfg.max_steps,
                      "control_hz": cfg.control_hz, "train_instructions": list(cls.train_templates),
+                     "val_instructions": list(cls.val_templates),
                      "heldout_instructions": list(cls.heldout_templates), "doc": (cls.__module__ and
                      __import__(cls.__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]})
     return rows

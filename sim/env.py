@@ -88,7 +88,8 @@ class TabletopEnv(gym.Env):
         super().reset(seed=seed)
         self.scene.reset()
         fields = self.task.reset(self.scene, self.np_random)
-        templates = self.task.train_templates if self.instruction_split == "train" else self.task.heldout_templates
+        templates = {"train": self.task.train_templates, "val": self.task.val_templates,
+                     "heldout": self.task.heldout_templates}[self.instruction_split]
         self.instruction = templates[int(self.np_random.integers(len(templates)))].format(**fields)
         self.scene.forward()
         self.elapsed_steps = 0

@@ -26,7 +26,8 @@ TEST_SEEDS = range(1_050_000, 1_100_000)
 """evaluation seeds for reported numbers only (a run's version-0 and final evaluation, `acce eval --split test`)"""
 SEED_SPLITS = {"train": TRAIN_SEEDS, "val": VALIDATION_SEEDS, "test": TEST_SEEDS}
 """named seed ranges: training, validation, test"""
-INSTRUCTION_SPLITS = ("train", "heldout")
+INSTRUCTION_SPLITS = ("train", "val", "heldout")
+"""paraphrase sets: training, validation (held out, for choices), test (held out, for reported numbers)"""
 AUX_DIM = 4
 """privileged auxiliary labels per frame (Task.aux_targets): the named object's table xy, then the goal's (m)"""
 
@@ -56,8 +57,10 @@ class Task(ABC):
     config_cls: ClassVar[type[TaskConfig]] = TaskConfig
     train_templates: ClassVar[tuple[str, ...]]
     """instruction templates used for training (str.format fields come from `reset`)"""
+    val_templates: ClassVar[tuple[str, ...]]
+    """paraphrases never used for training, for evaluations on validation seeds (choices, early stopping)"""
     heldout_templates: ClassVar[tuple[str, ...]]
-    """paraphrases never used for training; evaluation reports them separately"""
+    """paraphrases never used for training or validation: evaluations on test seeds (reported numbers)"""
     reward_weights: ClassVar[dict[str, float]]
     """reward = sum(weight * term); terms are logged raw"""
 

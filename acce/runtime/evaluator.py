@@ -121,7 +121,8 @@ class Evaluator:
         n_env = min(self.num_envs, len(seeds))
         spare = _SPARE_SEEDS + group * _SPARE_STRIDE
         seed_iter = iter(seeds[n_env:] + list(range(spare, spare + 10 * n_env + 1000)))
-        env = self.make_env([task], n_env, seeds=seed_split, instruction_split=split, episode_seeds=seed_iter)
+        env = self.make_env([task], n_env, seeds=seed_split, instruction_split=paraphrase_set(split, seed_split),
+                            episode_seeds=seed_iter)
         target = set(seeds)
         outcome: dict[int, tuple[bool, int, float]] = {}
         frames: list[np.ndarray] | None = [] if video else None
@@ -185,6 +186,12 @@ class Evaluator:
         return outcome, np.stack(frames) if frames else None
 
 
+def paraphrase_set(instructions: str, seed_split: str) -> str:
+    """The env's instruction split for a cell: held-out instructions on validation seeds are the tasks' validation
+    paraphrases, on test seeds their test paraphrases, so no choice made on validation has seen the reported ones."""
+    return "val" if instructions == "heldout" and seed_split == "val" else instructions
+
+
 def eval_scalars(results: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, r in results["per_task"].items():
@@ -202,7 +209,8 @@ def format_eval(results: dict[str, Any]) -> str:
     split = results.get("seed_split", "test")
     first = results["per_task"][next(iter(results["per_task"]))]["seeds"][0]
     what = "test seeds (reported numbers only)" if split == "test" else "validation seeds (for choices, not reports)"
-    lines = [f"{what} {first}+, disjoint from training seeds; 'heldout' = paraphrases never seen in training",
+    lines = [f"{what} {first}+, disjoint from training seeds; 'heldout' = paraphrases never seen in training ("
+             + ("the validation set)" if split == "val" else "the test set, never used for choices)"),
              f"{'task':<22}{'instructions':<14}{'success':>9}  {'95% CI':<16}{'n':>4}{'mean len':>10}"]
     for r in results["per_task"].values():
         lo, hi = r["ci95"]

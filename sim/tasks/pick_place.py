@@ -28,6 +28,8 @@ class PickPlace(CubeToPadTask):
     train_templates = ("put the {cube} cube on the {pad} pad", "place the {cube} block onto the {pad} pad",
                        "pick up the {cube} cube and set it on the {pad} target", "move the {cube} cube to the {pad} pad")
     heldout_templates = ("lift the {cube} box and drop it on the {pad} disc", "carry the {cube} cube over to the {pad} pad")
+    val_templates = ("grab the {cube} cube and put it down on the {pad} pad",
+                     "raise the {cube} block and set it onto the {pad} spot")
     # Every step before success costs (success ends the episode): a bonus for holding the cube lifted (+0.5 a step,
     # as before) paid more for hovering over the pad than the success bonus for releasing (docs/decisions.md)
     reward_weights = {"tip_to_cube_m": -0.5, "cube_to_pad_m": -2.0, "on_table": -0.5, "success": 10.0}

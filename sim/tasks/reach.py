@@ -25,6 +25,7 @@ class Reach(Task):
     train_templates = ("touch the {color} cube", "reach the {color} cube", "move to the {color} block",
                        "go to the {color} cube", "put the gripper on the {color} block")
     heldout_templates = ("tap the {color} box", "make contact with the {color} cube")
+    val_templates = ("press against the {color} cube", "bring the fingertips to the {color} block")
     reward_weights = {"distance_m": -1.0, "success": 5.0}
 
     def scene_spec(self) -> SceneSpec:

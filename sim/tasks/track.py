@@ -39,6 +39,7 @@ class Track(Task):
     train_templates = ("touch the {color} ball", "catch the moving {color} ball", "reach the {color} ball",
                        "follow and touch the {color} sphere")
     heldout_templates = ("tap the rolling {color} ball", "intercept the {color} ball")
+    val_templates = ("chase down the {color} ball", "get to the {color} sphere as it moves")
     reward_weights = {"distance_m": -1.0, "success": 5.0}
 
     def scene_spec(self) -> SceneSpec:

@@ -41,6 +41,8 @@ class TrackSeq(Track):
                        "reach the {first} ball, next the {second} one, last the {third} one")
     heldout_templates = ("tap the rolling {first}, {second} and {third} balls one after another",
                          "intercept the {first} ball, then the {second}, and finally the {third}")
+    val_templates = ("chase the {first} ball, after it the {second}, then the {third}",
+                     "get to the {first}, the {second} and the {third} sphere, in that order")
     reward_weights = {"distance_m": -1.0, "touch": 2.0, "success": 5.0}
 
     def scene_spec(self) -> SceneSpec:

@@ -189,3 +189,53 @@ def test_env_groups_evaluate_the_same_seeds_on_their_own_threads(groups):
 def test_groups_must_be_positive():
     with pytest.raises(ValueError, match="groups must be >= 1"):
         Evaluator(lambda *a, **k: None, FakeServer(), tasks=["reach"], groups=0)
+
+
+@pytest.mark.parametrize("seed_split, instructions, expected", [
+    ("val", ("heldout",), ["val"]), ("test", ("heldout",), ["heldout"]),
+    ("val", ("heldout", "train"), ["val", "train"]), ("test", ("train",), ["train"])])
+def test_held_out_instructions_on_validation_seeds_are_the_validation_paraphrases(seed_split, instructions, expected):
+    """Validation never sees the test paraphrases: the cell keeps its name ('heldout'), the env gets 'val'."""
+    asked = []
+
+    def make_env(tasks, n, seeds, instruction_split, episode_seeds):
+        asked.append((seeds, instruction_split))
+        return FakeVecEnv(n, episode_seeds)
+
+    ev = Evaluator(make_env, FakeServer(), tasks=["reach"], episodes=4, num_envs=4, chunk_len=H, exec_horizon=2)
+    cells = ev.run(seed_split, instructions=instructions)["per_task"]
+    assert asked == [(seed_split, e) for e in expected]
+    assert [c["split"] for c in cells.values()] == list(instructions)
+
+
+class SimServer(FakeServer):
+    """Zero chunks of the sim's 4-d actions (the episodes run to their time limit)."""
+
+    def infer(self, req):
+        out = super().infer(req)
+        out["chunk"] = np.zeros((len(req["instruction"]), H, 4), np.float32)
+        return out
+
+
+def test_validation_and_test_evaluations_read_different_paraphrases_in_the_sim():
+    from acce.wiring import make_sim_env
+    from sim.tasks import TASKS
+
+    seen = {}
+    for seed_split in ("val", "test"):
+        def make_env(tasks, n, seeds, instruction_split, episode_seeds, seed_split=seed_split):
+            env = make_sim_env(tasks, n, seeds=seeds, instruction_split=instruction_split, episode_seeds=episode_seeds)
+            observe = env.observe
+
+            def recording_observe(*args, **kwargs):
+                obs = observe(*args, **kwargs)
+                seen.setdefault(seed_split, set()).update(obs["instruction"])
+                return obs
+            env.observe = recording_observe
+            return env
+        Evaluator(make_env, SimServer(), tasks=["reach"], episodes=4, num_envs=4, chunk_len=H,
+                  exec_horizon=2).run(seed_split)
+    val_verbs = {t.split()[0] for t in TASKS["reach"].val_templates}
+    test_verbs = {t.split()[0] for t in TASKS["reach"].heldout_templates}
+    assert {i.split()[0] for i in seen["val"]} <= val_verbs and {i.split()[0] for i in seen["test"]} <= test_verbs
+    assert seen["val"] and seen["test"] and seen["val"].isdisjoint(seen["test"])

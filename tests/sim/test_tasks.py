@@ -1,4 +1,5 @@
 """Every registered task, parametrized: spec, determinism, experts, instruction splits, gymnasium checker."""
+import re
 import string
 
 import gymnasium as gym
@@ -100,15 +101,22 @@ def test_noisy_expert_differs_but_mostly_succeeds(task, make_env):
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
-def test_heldout_paraphrases_never_appear_in_training(task, make_env):
+def test_train_validation_and_test_paraphrases_are_disjoint(task, make_env):
+    """Three paraphrase sets: training, validation (choices are made on it) and test (reported only), so that no
+    choice made on validation has seen the reported paraphrases."""
     cls = TASKS[task]
-    assert cls.train_templates and cls.heldout_templates
-    assert not set(cls.train_templates) & set(cls.heldout_templates)
-    train, heldout = make_env(task, instruction_split="train"), make_env(task, instruction_split="heldout")
-    seen_train = {train.reset(seed=s)[0]["instruction"] for s in range(60)}
-    seen_heldout = {heldout.reset(seed=s)[0]["instruction"] for s in range(60)}
-    assert seen_train.isdisjoint(seen_heldout)
-    assert all(set(i) <= set(string.ascii_letters + string.digits + " ,.'-") for i in seen_train | seen_heldout)
+    sets = {"train": cls.train_templates, "val": cls.val_templates, "heldout": cls.heldout_templates}
+    assert all(len(t) >= 2 for t in sets.values())
+    seen = {}
+    for split, templates in sets.items():
+        env = make_env(task, instruction_split=split)
+        seen[split] = {env.reset(seed=s)[0]["instruction"] for s in range(60)}
+        patterns = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\w+", re.escape(t)) + "$") for t in templates]
+        assert all(any(p.match(i) for p in patterns) for i in seen[split]), (split, seen[split])
+    for a, b in (("train", "val"), ("train", "heldout"), ("val", "heldout")):
+        assert not set(sets[a]) & set(sets[b]) and seen[a].isdisjoint(seen[b]), (a, b)
+    every = set().union(*seen.values())
+    assert all(set(i) <= set(string.ascii_letters + string.digits + " ,.'-") for i in every)
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
