@@ -29,7 +29,10 @@ class PickPlace(CubeToPadTask):
                        "pick up the {cube} cube and set it on the {pad} target", "move the {cube} cube to the {pad} pad")
     heldout_templates = ("lift the {cube} box and drop it on the {pad} disc", "carry the {cube} cube over to the {pad} pad")
     val_templates = ("grab the {cube} cube and put it down on the {pad} pad",
-                     "raise the {cube} block and set it onto the {pad} spot")
+                     "raise the {cube} block and set it onto the {pad} spot",
+                     "clutch the {cube} cube and release it over the {pad} pad",
+                     "take hold of the {cube} block and deposit it on the {pad} pad",
+                     "hoist the {cube} cube onto the {pad} pad", "collect the {cube} block and leave it on the {pad} marker")
     # Every step before success costs (success ends the episode): a bonus for holding the cube lifted (+0.5 a step,
     # as before) paid more for hovering over the pad than the success bonus for releasing (docs/decisions.md)
     reward_weights = {"tip_to_cube_m": -0.5, "cube_to_pad_m": -2.0, "on_table": -0.5, "success": 10.0}

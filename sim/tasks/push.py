@@ -60,7 +60,10 @@ class Push(CubeToPadTask):
     train_templates = ("push the {cube} cube onto the {pad} pad", "slide the {cube} block to the {pad} pad",
                        "move the {cube} cube onto the {pad} target", "shove the {cube} cube to the {pad} circle")
     heldout_templates = ("nudge the {cube} box over to the {pad} pad", "get the {cube} cube onto the {pad} disc")
-    val_templates = ("drive the {cube} cube across to the {pad} pad", "scoot the {cube} block over onto the {pad} spot")
+    val_templates = ("drive the {cube} cube across to the {pad} pad", "scoot the {cube} block over onto the {pad} spot",
+                     "sweep the {cube} cube onto the {pad} pad",
+                     "bump the {cube} block along until it is on the {pad} pad",
+                     "propel the {cube} cube to the {pad} pad", "shunt the {cube} block to the {pad} marker")
     reward_weights = {"tip_to_push_point_m": -1.0, "cube_to_pad_m": -2.0, "success": 10.0}
     """The approach term is the distance to the contact point *behind* the cube (seen from the pad), not to the
     cube: distance-to-cube shaping paid the policy for driving onto the cube from any side, and RL measurably

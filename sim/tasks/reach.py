@@ -25,7 +25,9 @@ class Reach(Task):
     train_templates = ("touch the {color} cube", "reach the {color} cube", "move to the {color} block",
                        "go to the {color} cube", "put the gripper on the {color} block")
     heldout_templates = ("tap the {color} box", "make contact with the {color} cube")
-    val_templates = ("press against the {color} cube", "bring the fingertips to the {color} block")
+    val_templates = ("press against the {color} cube", "bring the fingertips to the {color} block",
+                     "poke the {color} cube", "place the gripper against the {color} cube",
+                     "head over to the {color} block and touch it", "put your fingers on the {color} cube")
     reward_weights = {"distance_m": -1.0, "success": 5.0}
 
     def scene_spec(self) -> SceneSpec:

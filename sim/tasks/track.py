@@ -39,7 +39,9 @@ class Track(Task):
     train_templates = ("touch the {color} ball", "catch the moving {color} ball", "reach the {color} ball",
                        "follow and touch the {color} sphere")
     heldout_templates = ("tap the rolling {color} ball", "intercept the {color} ball")
-    val_templates = ("chase down the {color} ball", "get to the {color} sphere as it moves")
+    val_templates = ("chase down the {color} ball", "get to the {color} sphere as it moves", "run into the {color} ball",
+                     "hit the moving {color} ball", "meet the {color} ball on its path",
+                     "go after the {color} ball and touch it")
     reward_weights = {"distance_m": -1.0, "success": 5.0}
 
     def scene_spec(self) -> SceneSpec:
