@@ -120,6 +120,14 @@ def test_train_validation_and_test_paraphrases_are_disjoint(task, make_env):
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
+def test_no_training_or_validation_paraphrase_opens_with_a_test_verb(task):
+    """The test wording stays unseen: no training or validation template starts with a test template's verb."""
+    cls = TASKS[task]
+    test_verbs = {t.split()[0] for t in cls.heldout_templates}
+    assert not test_verbs & {t.split()[0] for t in cls.train_templates + cls.val_templates}
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
 def test_gymnasium_checker_and_registration(task):
     env = gym.make(GYM_IDS[task], image_size=32)
     try:
