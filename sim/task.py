@@ -127,6 +127,12 @@ def cube_on_table(scene: Scene, color: str) -> bool:
     return bool(scene.cube_pos(color)[2] < CUBE_HALF_M + 0.005)
 
 
+CUBE_TO_PAD_TEMPLATES = ("move the {cube} cube to the {pad} pad", "bring the {cube} block to the {pad} pad",
+                         "the {cube} cube belongs on the {pad} pad", "relocate the {cube} cube to the {pad} circle")
+"""training wording shared by push and pick_place: it names the goal, not the manner, so the policy learns to settle
+the manner from the scene (the gripper starts closed for push, open for pick_place) where words do not"""
+
+
 class CubeToPadTask(Task):
     """Shared layout of the two-cube, two-pad tasks (push, pick_place): which cube to which pad is in the
     instruction; the other cube and pad are distractors."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene
-from sim.task import CubeToPadTask, TaskConfig, sample_separated_xy
+from sim.task import CUBE_TO_PAD_TEMPLATES, CubeToPadTask, TaskConfig, sample_separated_xy
 
 CARRY_Z_M = 0.1
 """fingertip height for carrying"""
@@ -26,7 +26,7 @@ class PickPlace(CubeToPadTask):
     name = "pick_place"
     config_cls = PickPlaceConfig
     train_templates = ("put the {cube} cube on the {pad} pad", "place the {cube} block onto the {pad} pad",
-                       "pick up the {cube} cube and set it on the {pad} target", "move the {cube} cube to the {pad} pad")
+                       "pick up the {cube} cube and set it on the {pad} target", *CUBE_TO_PAD_TEMPLATES)
     heldout_templates = ("lift the {cube} box and drop it on the {pad} disc", "carry the {cube} cube over to the {pad} pad")
     val_templates = ("grab the {cube} cube and put it down on the {pad} pad",
                      "raise the {cube} block and set it onto the {pad} spot",

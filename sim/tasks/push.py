@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.scene import CUBE_HALF_M, PAD_RADIUS_M, Scene
-from sim.task import CubeToPadTask, TaskConfig, sample_separated_xy
+from sim.task import CUBE_TO_PAD_TEMPLATES, CubeToPadTask, TaskConfig, sample_separated_xy
 
 PUSH_Z_M = 0.012
 """fingertip height while pushing: below the cube's centre so the cube slides instead of tipping"""
@@ -58,7 +58,8 @@ class Push(CubeToPadTask):
     name = "push"
     config_cls = PushConfig
     train_templates = ("push the {cube} cube onto the {pad} pad", "slide the {cube} block to the {pad} pad",
-                       "move the {cube} cube onto the {pad} target", "shove the {cube} cube to the {pad} circle")
+                       "move the {cube} cube onto the {pad} target", "shove the {cube} cube to the {pad} circle",
+                       *CUBE_TO_PAD_TEMPLATES)
     heldout_templates = ("nudge the {cube} box over to the {pad} pad", "get the {cube} cube onto the {pad} disc")
     val_templates = ("drive the {cube} cube across to the {pad} pad", "scoot the {cube} block over onto the {pad} spot",
                      "sweep the {cube} cube onto the {pad} pad",

@@ -127,6 +127,15 @@ def test_no_training_or_validation_paraphrase_opens_with_a_test_verb(task):
     assert not test_verbs & {t.split()[0] for t in cls.train_templates + cls.val_templates}
 
 
+def test_push_and_pick_place_share_goal_only_training_wording():
+    """Words that name the goal but not the manner are in both tasks' training paraphrases, so cloning must settle
+    push against pick_place from the scene where the words do not (unseen verbs halved push without it)."""
+    from sim.task import CUBE_TO_PAD_TEMPLATES
+    shared = set(TASKS["push"].train_templates) & set(TASKS["pick_place"].train_templates)
+    assert len(CUBE_TO_PAD_TEMPLATES) >= 3 and shared == set(CUBE_TO_PAD_TEMPLATES)
+    assert set(TASKS["push"].train_templates) - shared and set(TASKS["pick_place"].train_templates) - shared
+
+
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_gymnasium_checker_and_registration(task):
     env = gym.make(GYM_IDS[task], image_size=32)
