@@ -39,7 +39,7 @@ def cmd_tasks(args) -> int:
         print(f"    {r['doc']}")
         print("    train:    " + " | ".join(r["train_instructions"]))
         print("    val:      " + " | ".join(r["val_instructions"]))
-        print("    held-out: " + " | ".join(r["heldout_instructions"]) + "  (test seeds only)")
+        print("    test:     " + " | ".join(r["heldout_instructions"]) + "  (held out; test seeds only)")
     try:
         from sim.metaworld_env import metaworld_task_names
         names = metaworld_task_names()
