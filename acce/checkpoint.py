@@ -105,7 +105,7 @@ def checkpoint_image_size(data: dict[str, Any]) -> int | None:
     return int(size) if size is not None else None
 
 
-RL_POLICY_FIELDS = ("critic", "residual_hidden", "residual_reads_aux")
+RL_POLICY_FIELDS = ("critic", "residual_hidden", "residual_reads_aux", "residual_reads_lang")
 """policy fields an RL run may set on top of a warm start (train.init_from): heads cloning never trains"""
 
 
@@ -130,6 +130,9 @@ def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int,
                           vision_config=state.get("vision_config"), aux_dim=int(state.get("aux_dim", 0)),
                           privileged_dim=int(state["privileged_dim"]))
     fresh = ("value_head.",) if saved.get("critic", "trunk") != want["critic"] else ()
+    # a residual whose inputs or width changed starts afresh (at zero); a warm start's trained one is kept as saved
+    if any(saved.get(f, getattr(PolicyConfig, f)) != want[f] for f in RL_POLICY_FIELDS if f.startswith("residual_")):
+        fresh += ("residual.",)
     weights = dict(built.state_dict())
     weights.update({k: v for k, v in policy_state["state_dict"].items() if k in weights and not k.startswith(fresh)})
     return VLAPolicy.from_state({**state, "state_dict": weights}, image_size)

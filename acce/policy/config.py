@@ -101,6 +101,9 @@ class PolicyConfig:
     residual_reads_aux: bool = True
     """the RL residual also reads the aux head's estimate of the named object's and goal's table xy (policies with
     policy.aux_input): the correction sees where the target is, not only the trunk's summary of it"""
+    residual_reads_lang: bool = False
+    """the RL residual also reads the instruction embedding itself (lang_dim inputs), so its correction can differ
+    between tasks whose frozen features look alike (push and pick_place share a scene)"""
     critic: str = "trunk"
     """value head input: 'trunk' (the value query's trunk output) or 'privileged' (asymmetric: an MLP on the sim's
     privileged object/goal positions obs["aux"], proprioception, instruction and committed prefix; a critic input

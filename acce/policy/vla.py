@@ -143,7 +143,7 @@ class VLAPolicy(nn.Module):
         nn.init.normal_(last.weight, std=0.01)
         nn.init.zeros_(last.bias)
         if config.residual_hidden:  # zero output at start: version 0 acts exactly as the warm start
-            extra = self.aux_dim if self._residual_aux else 0
+            extra = (self.aux_dim if self._residual_aux else 0) + (config.lang_dim if config.residual_reads_lang else 0)
             self.residual = nn.Sequential(nn.Linear(width + state_dim + extra, config.residual_hidden), nn.GELU(),
                                           nn.Linear(config.residual_hidden, out))
             nn.init.zeros_(self.residual[-1].weight)
@@ -273,7 +273,8 @@ class VLAPolicy(nn.Module):
         shape = (-1, self.config.chunk_len, self.action_dim)
         mean = self.mean_head(f["h_action"]).view(shape)  # (B, H, A)
         if self.config.residual_hidden:  # RL's correction on the cloned head, from frozen features
-            parts = [f["h_action"].detach(), f["state"]] + ([f["aux"].detach()] if self._residual_aux else [])
+            parts = [f["h_action"].detach(), f["state"]] + ([f["aux"].detach()] if self._residual_aux else []) + (
+                [f["lang"]] if self.config.residual_reads_lang else [])
             mean = mean + self.residual(torch.cat(parts, -1)).view(shape)
         value = self.value(f)
         log_std = self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)  # (H, A)

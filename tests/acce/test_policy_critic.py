@@ -91,6 +91,39 @@ def test_residual_reads_the_aux_estimate():
     assert off.residual[0].in_features == width + S
 
 
+def test_residual_reads_the_instruction_embedding():
+    """policy.residual_reads_lang: the residual's input includes the instruction embedding (those weights get
+    gradient, and two instructions on the same frames get different corrections), it still starts at zero, and a
+    warm start saved without it gains it through policy_for_rl (train.init_from) acting as before."""
+    from acce.checkpoint import policy_for_rl
+    cfg = dataclasses.replace(CFG, residual_hidden=8, residual_reads_lang=True)
+    torch.manual_seed(0)
+    policy = VLAPolicy(cfg, S, A, NORM)
+    width = cfg.trunk_width
+    assert policy.residual[0].in_features == width + S + cfg.lang_dim
+    batch = with_prefix(make_batch(policy), [0, 1, 2])
+    base = VLAPolicy(dataclasses.replace(cfg, residual_hidden=0, residual_reads_lang=False), S, A, NORM)
+    base.load_state_dict({k: v for k, v in policy.state_dict().items() if not k.startswith("residual.")})
+    assert torch.equal(policy(batch)[0], base(batch)[0])  # zero-initialised: version 0 acts as the warm start
+    torch.nn.init.normal_(policy.residual[-1].weight)
+    policy(batch)[0].sum().backward()
+    assert policy.residual[0].weight.grad[:, width + S:].abs().sum() > 0  # the instruction columns carry gradient
+    with torch.no_grad():  # same frames and trunk output, another instruction: only the lang columns differ
+        f = policy.features(batch)
+        other = {**f, "lang": torch.roll(f["lang"], 1, dims=0)}
+        assert not torch.allclose(policy.heads(f)[0], policy.heads(other)[0])
+        off = VLAPolicy(dataclasses.replace(cfg, residual_reads_lang=False), S, A, NORM)
+        off.load_state_dict({k: v for k, v in policy.state_dict().items() if not k.startswith("residual.")},
+                            strict=False)
+        g = off.features(batch)
+        assert torch.equal(off.heads(g)[0], off.heads({**g, "lang": torch.roll(g["lang"], 1, dims=0)})[0])
+    warm = VLAPolicy(dataclasses.replace(cfg, residual_reads_lang=False), S, A, NORM)
+    rl = policy_for_rl(warm.policy_state(), cfg, 0)
+    assert rl.config.residual_reads_lang and rl.residual[0].in_features == width + S + cfg.lang_dim
+    with torch.no_grad():
+        assert torch.equal(rl(batch)[0], warm(batch)[0])
+
+
 def test_privileged_value_needs_no_vision_or_trunk_and_equals_the_forward_pass():
     """The learner's bootstrap rows take this path: the same values, bit for bit, without the expensive part."""
     policy = make_priv()
