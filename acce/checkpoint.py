@@ -119,7 +119,8 @@ def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int,
     from acce.policy.vla import VLAPolicy
     saved = policy_state["config"]
     want = {f: getattr(policy_cfg, f) for f in RL_POLICY_FIELDS}
-    if all(saved.get(f, getattr(PolicyConfig, f)) == v for f, v in want.items()):
+    changed = {f for f, v in want.items() if saved.get(f, getattr(PolicyConfig, f)) != v}
+    if not changed:
         return VLAPolicy.from_state(policy_state, image_size)
     state = {**policy_state, "config": {**saved, **want},
              "privileged_dim": privileged_dim if want["critic"] == "privileged" else 0}
@@ -129,9 +130,9 @@ def policy_for_rl(policy_state: dict[str, Any], policy_cfg, privileged_dim: int,
                           NormStats.from_dict(state["norm"]), tuple(state.get("cameras", ("front",))),
                           vision_config=state.get("vision_config"), aux_dim=int(state.get("aux_dim", 0)),
                           privileged_dim=int(state["privileged_dim"]))
-    fresh = ("value_head.",) if saved.get("critic", "trunk") != want["critic"] else ()
+    fresh = ("value_head.",) if "critic" in changed else ()
     # a residual whose inputs or width changed starts afresh (at zero); a warm start's trained one is kept as saved
-    if any(saved.get(f, getattr(PolicyConfig, f)) != want[f] for f in RL_POLICY_FIELDS if f.startswith("residual_")):
+    if any(f.startswith("residual_") for f in changed):
         fresh += ("residual.",)
     weights = dict(built.state_dict())
     weights.update({k: v for k, v in policy_state["state_dict"].items() if k in weights and not k.startswith(fresh)})
